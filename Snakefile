@@ -1,0 +1,26 @@
+# budgetgen: prompts.jsonl -> budgeted responses (journal) -> raw_responses.jsonl -> tokenized.arrow
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/status.smk"
+include: "rules/inference.smk"
+include: "rules/finalize.smk"
+include: "rules/tokenize.smk"
+include: "rules/summary.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
+        expand("results/{dataset}/budget_status.json", dataset=DATASETS),
+        "results/summary.tsv",

@@ -1,0 +1,138 @@
+# Config access, paths and input functions. Every rule goes through these.
+import json
+import os
+import shlex
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+SCRIPTS = os.path.join(workflow.basedir, "scripts")
+GENERATION_KEYS = ("token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed",
+                   "extra_body", "on_bad_line")
+DATASETS = sorted(config["datasets"])
+
+
+wildcard_constraints:
+    dataset="[A-Za-z0-9][A-Za-z0-9_.-]*",
+
+
+def gen(dataset, key):
+    """A generation setting of one dataset: its own override, else the `generation` default."""
+    own = config["datasets"][dataset]
+    return own[key] if key in own else config["generation"].get(key)
+
+
+def token_budget(dataset):
+    return int(gen(dataset, "token_budget"))
+
+
+def prompts_path(dataset):
+    return config["datasets"][dataset]["prompts"]
+
+
+# The journal is deliberately never a declared output: Snakemake deletes declared outputs of
+# failed or killed jobs, and the journal is the GPU time already paid for.
+def journal_path(dataset):
+    return f"results/{dataset}/journal.jsonl"
+
+
+def errors_path(dataset):
+    return f"results/{dataset}/errors.jsonl"
+
+
+def status_path(dataset):
+    return f"results/{dataset}/budget_status.json"
+
+
+def done_path(dataset):
+    return f"results/{dataset}/inference.done"
+
+
+def chat_template_kwargs(dataset):
+    return (gen(dataset, "extra_body") or {}).get("chat_template_kwargs") or {}
+
+
+def check_config():
+    """Errors a schema cannot express, as one line naming the key."""
+    for ds in DATASETS:
+        path = prompts_path(ds)
+        if not os.path.isfile(path):
+            raise WorkflowError(f"config key datasets.{ds}.prompts: file not found: {path}")
+        if gen(ds, "token_budget") is None:
+            raise WorkflowError(f"config key generation.token_budget (or datasets.{ds}.token_budget) is required")
+    env = config["server"].get("api_key_env")
+    if env and not os.environ.get(env):
+        print(f"warning: server.api_key_env names {env}, which is not set in this environment", file=sys.stderr)
+
+
+check_config()
+
+
+def read_status(dataset):
+    """The last budget status written by the checkpoint, or None."""
+    try:
+        with open(status_path(dataset)) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def dataset_state(dataset, status):
+    """fresh / partial / met / exhausted, against the budget in the config NOW."""
+    if os.path.exists(done_path(dataset)):
+        with open(done_path(dataset)) as f:
+            done = json.load(f)
+        if done.get("tokens", 0) >= token_budget(dataset):
+            return "met", done
+        if done.get("state") == "exhausted":
+            return "exhausted", done
+        return "partial", done
+    if status is None:
+        return ("partial" if os.path.exists(journal_path(dataset)) else "fresh"), {}
+    if status["tokens"] >= token_budget(dataset):
+        return "met", status
+    if status.get("exhausted") and not prompts_changed_since(dataset, status_path(dataset)):
+        return "exhausted", status
+    return ("partial" if status["tokens"] or os.path.exists(journal_path(dataset)) else "fresh"), status
+
+
+def prompts_changed_since(dataset, path):
+    return os.path.getmtime(prompts_path(dataset)) > os.path.getmtime(path)
+
+
+def raw_responses_input(wildcards):
+    """Budget met or prompts exhausted per the checkpoint: finalize straight from the journal,
+    with no inference job. Otherwise (or when a finished run left its marker) go through it."""
+    ds = wildcards.dataset
+    if os.path.exists(done_path(ds)) or not os.path.exists(journal_path(ds)):
+        # No journal yet: certainly not met, and no need to wait for the checkpoint, so a
+        # dry-run on a fresh tree already lists the inference job.
+        return [done_path(ds)]
+    with open(checkpoints.budget_status.get(dataset=ds).output[0]) as f:
+        status = json.load(f)
+    state, _ = dataset_state(ds, status)
+    if state in ("met", "exhausted"):
+        return [journal_path(ds)]
+    return [done_path(ds)]
+
+
+def print_status_table():
+    """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
+    if not workflow.is_main_process:
+        return
+    rows = []
+    for ds in DATASETS:
+        state, info = dataset_state(ds, read_status(ds))
+        tokens = int(info.get("tokens", 0))
+        budget = token_budget(ds)
+        rows.append((ds, tokens, budget, max(0, budget - tokens), info.get("responses", 0), state))
+    width = max(len("dataset"), *(len(r[0]) for r in rows))
+    lines = [f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"]
+    for ds, tokens, budget, left, responses, state in rows:
+        lines.append(f"budgetgen: {ds:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}")
+    lines.append("budgetgen: (token counts as of the last finished job or status check; a running or "
+                 "killed job may have journaled more)")
+    print("\n".join(lines), file=sys.stderr)
+
+
+print_status_table()

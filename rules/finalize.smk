@@ -1,0 +1,16 @@
+# The journal, deduplicated by id, as the final raw_responses.jsonl (appears atomically).
+
+
+rule finalize:
+    input:
+        raw_responses_input,
+    output:
+        "results/{dataset}/raw_responses.jsonl",
+    params:
+        journal=lambda wc: journal_path(wc.dataset),
+    log:
+        "logs/finalize/{dataset}.log",
+    conda:
+        "../envs/budgetgen.yaml"
+    script:
+        "../scripts/finalize.py"

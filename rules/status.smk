@@ -1,0 +1,22 @@
+# Checkpoint: the budget status of each dataset, read from its journal.
+# No file inputs and no budget param: once written it never needs to rerun, which keeps
+# `snakemake -n` exact. The count can be stale but only ever too LOW (journals only grow), so
+# a stale status can schedule an inference job that ends at once, never skip unfinished work.
+# "met" is decided against the config's budget at DAG time (rules/common.smk).
+
+
+checkpoint budget_status:
+    output:
+        "results/{dataset}/budget_status.json",
+    params:
+        journal=lambda wc: journal_path(wc.dataset),
+        errors=lambda wc: errors_path(wc.dataset),
+        prompts=lambda wc: prompts_path(wc.dataset),
+        on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
+    log:
+        "logs/budget_status/{dataset}.log",
+    conda:
+        "../envs/budgetgen.yaml"
+    priority: 100
+    script:
+        "../scripts/budget_status.py"

@@ -1,0 +1,20 @@
+# results/summary.tsv: one row per dataset.
+
+
+rule summary:
+    input:
+        raw=expand("results/{dataset}/raw_responses.jsonl", dataset=DATASETS),
+        tokenized=expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
+    output:
+        "results/summary.tsv",
+    params:
+        datasets=DATASETS,
+        budgets=[token_budget(ds) for ds in DATASETS],
+        prompts=[prompts_path(ds) for ds in DATASETS],
+        errors=[errors_path(ds) for ds in DATASETS],
+    log:
+        "logs/summary.log",
+    conda:
+        "../envs/budgetgen.yaml"
+    script:
+        "../scripts/summarize.py"

@@ -1,0 +1,21 @@
+# Conversations -> input_ids + loss_mask with the target model's tokenizer and chat template.
+
+
+rule tokenize:
+    input:
+        "results/{dataset}/raw_responses.jsonl",
+    output:
+        "results/{dataset}/tokenized.arrow",
+    params:
+        tokenizer=config["tokenizer"]["path"],
+        max_length=config["tokenizer"]["max_length"],
+        chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
+    threads: config["tokenizer"]["processes"]
+    log:
+        "logs/tokenize/{dataset}.log",
+    benchmark:
+        "benchmarks/tokenize/{dataset}.tsv"
+    conda:
+        "../envs/budgetgen.yaml"
+    script:
+        "../scripts/tokenize_responses.py"

@@ -1,0 +1,196 @@
+"""Async OpenAI chat-completions client: streaming, retry classes, server check.
+
+Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a `choices: []`
+usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). Reasoning is
+`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read.
+"""
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from .errors import UserError
+
+# 408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many Requests, and any 5xx.
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+
+
+class TransientError(Exception):
+    """A failure worth retrying: connection trouble, timeouts, 408/409/425/429, 5xx."""
+
+    def __init__(self, message, retry_after=None, connection=False):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.connection = connection  # the server was not reached or went away
+
+
+class PermanentError(Exception):
+    """A non-transient 4xx (e.g. context too long): recorded once in errors.jsonl, not retried."""
+
+    def __init__(self, status, message):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def is_transient_status(status):
+    return status in TRANSIENT_STATUS or 500 <= status <= 599
+
+
+def parse_retry_after(value):
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # HTTP-date form: fall back to our own backoff
+
+
+def backoff_delay(attempt, base=0.5, cap=30.0, retry_after=None, rng=random):
+    """Exponential backoff with full jitter; a server's Retry-After is honoured as a floor."""
+    delay = rng.uniform(0, min(cap, base * (2 ** attempt)))
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, 300.0))
+    return delay
+
+
+@dataclass
+class ChatResult:
+    content: str
+    reasoning: str
+    finish_reason: str
+    usage: dict
+    streamed_tokens: int
+    model: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _error_message(body):
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or obj)[:300]
+        return str(err)[:300]
+    except (ValueError, AttributeError):
+        return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
+
+
+class ChatClient:
+    """One httpx.AsyncClient per job; connection pool sized to the concurrency."""
+
+    def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        headers = {"Accept": "text/event-stream, application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        # read timeout = longest silence tolerated between two chunks of one response
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=None)
+        self.http = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
+
+    async def aclose(self):
+        await self.http.aclose()
+
+    async def check_server(self, wait_s=0.0):
+        """Fail with one line naming the URL if the server is unreachable or lacks the model."""
+        deadline = time.monotonic() + wait_s
+        url = f"{self.base_url}/models"
+        while True:
+            try:
+                resp = await self.http.get(url, timeout=10.0)
+                break
+            except httpx.HTTPError as exc:
+                if time.monotonic() >= deadline:
+                    raise UserError(
+                        f"server unreachable at {url} ({type(exc).__name__}: {exc or 'no answer'})"
+                    ) from None
+                await asyncio.sleep(1.0)
+        if resp.status_code in (401, 403):
+            raise UserError(f"server at {url} refused the API key (HTTP {resp.status_code})")
+        if resp.status_code == 404:
+            return None  # no /models route; /health-only servers are fine
+        if resp.status_code != 200:
+            raise UserError(f"server at {url} answered HTTP {resp.status_code}: {_error_message(resp.content)}")
+        try:
+            served = [m.get("id") for m in resp.json().get("data", [])]
+        except (ValueError, AttributeError):
+            raise UserError(f"server at {url} did not return a model list") from None
+        if self.model not in served:
+            raise UserError(
+                f"model {self.model!r} is not served at {url} (served: {', '.join(map(str, served)) or 'none'})"
+            )
+        return served
+
+    async def chat(self, messages, params, on_token=None):
+        """Stream one chat completion; call on_token(n) as tokens arrive; return ChatResult.
+
+        Raises TransientError or PermanentError; anything else is a bug.
+        """
+        body = {"model": self.model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}}
+        for k in ("max_tokens", "temperature", "top_p", "seed"):
+            if params.get(k) is not None:
+                body[k] = params[k]
+        body.update(params.get("extra_body") or {})
+        url = f"{self.base_url}/chat/completions"
+        content, reasoning = [], []
+        finish, usage, streamed, model = None, None, 0, ""
+        try:
+            async with self.http.stream("POST", url, json=body) as resp:
+                if resp.status_code != 200:
+                    raw = await resp.aread()
+                    msg = _error_message(raw)
+                    if is_transient_status(resp.status_code):
+                        raise TransientError(f"HTTP {resp.status_code}: {msg}",
+                                             retry_after=parse_retry_after(resp.headers.get("retry-after")))
+                    raise PermanentError(resp.status_code, msg)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    if not data:
+                        continue
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise TransientError(f"malformed stream chunk from {url}") from None
+                    if "error" in chunk and not chunk.get("choices"):
+                        raise TransientError(f"server error mid-stream: {_error_message(data)}")
+                    model = chunk.get("model") or model
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        piece = delta.get("content")
+                        think = delta.get("reasoning_content") or delta.get("reasoning")
+                        n = 0
+                        if piece:
+                            content.append(piece)
+                            n = 1
+                        if think:
+                            reasoning.append(think)
+                            n = 1
+                        if n:
+                            streamed += 1
+                            if on_token is not None:
+                                on_token(1)
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+            raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None
+        if finish is None:
+            raise TransientError("stream ended without finish_reason")
+        if not usage or "completion_tokens" not in usage:
+            # A server that omits usage would make the budget a guess; refuse rather than miscount.
+            raise PermanentError(0, f"server at {url} sent no usage.completion_tokens (needs stream_options.include_usage)")
+        return ChatResult(content="".join(content), reasoning="".join(reasoning), finish_reason=finish,
+                          usage=usage, streamed_tokens=streamed, model=model)

@@ -1,0 +1,70 @@
+"""Atomic file output: write next to the target, fsync, then rename over it."""
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+
+
+@contextmanager
+def atomic_output(path, mode="w", encoding="utf-8"):
+    """Yield a file object; on success the data appears at `path` whole, or not at all."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+@contextmanager
+def atomic_path(path):
+    """Yield a temporary path next to `path` for tools that write files themselves (e.g. Arrow)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def write_json_atomic(path, obj):
+    with atomic_output(path) as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def fsync_dir(directory):
+    """Make a rename durable (a crash after rename must not lose the new name)."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

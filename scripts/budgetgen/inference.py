@@ -1,0 +1,325 @@
+"""The inference job of one dataset: prompts -> journal, until the token budget is met.
+
+Order of events:
+  1. load and normalise the prompts (formats), lock the journal, repair a torn tail, scan it;
+  2. if the journal already meets the budget (or no prompt is left), finish at once;
+  3. check the server (one-line error naming the URL);
+  4. dispatch prompts in the seeded order, at most `concurrency` in flight, while the budget rule
+     (budget.DispatchPolicy) allows; journal each response the moment it completes;
+  5. on SIGTERM/SIGINT stop dispatching, cancel what is in flight, fsync, exit non-zero;
+  6. when the budget is met or the prompts are exhausted, write the done marker atomically.
+"""
+
+import asyncio
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import formats, journal
+from .budget import DispatchPolicy, LengthModel, overshoot_pct
+from .client import ChatClient, PermanentError, TransientError, backoff_delay
+from .errors import UserError
+from .fsutil import write_json_atomic
+
+EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
+
+
+@dataclass
+class Settings:
+    dataset: str
+    prompts: str
+    journal: str
+    errors: str
+    done: str
+    budget: int
+    base_url: str
+    model: str
+    max_tokens: int = 1024
+    concurrency: int = 64
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int = 0
+    extra_body: dict = field(default_factory=dict)
+    api_key_env: str | None = None
+    request_timeout_s: float = 600.0
+    max_retries: int = 8
+    unreachable_deadline_s: float = 600.0
+    startup_wait_s: float = 10.0
+    progress_interval_s: float = 10.0
+    on_bad_line: str = "error"
+
+    def request_params(self):
+        """The request parameters that affect content; recorded with every response."""
+        p = {"model": self.model, "max_tokens": self.max_tokens}
+        if self.temperature is not None:
+            p["temperature"] = self.temperature
+        if self.top_p is not None:
+            p["top_p"] = self.top_p
+        if self.extra_body:
+            p["extra_body"] = self.extra_body
+        return p
+
+
+class ServerDown(Exception):
+    pass
+
+
+class Rates:
+    """Responses and tokens over a sliding window, for req/s, tok/s and the ETA."""
+
+    def __init__(self, window_s=60.0):
+        self.window_s = window_s
+        self.events = deque()  # (t, tokens)
+
+    def add(self, tokens, now=None):
+        self.events.append((now or time.monotonic(), tokens))
+
+    def rates(self, now=None):
+        now = now or time.monotonic()
+        while self.events and now - self.events[0][0] > self.window_s:
+            self.events.popleft()
+        if not self.events:
+            return 0.0, 0.0
+        span = max(1e-6, min(self.window_s, now - self.events[0][0]) or 1e-6)
+        return len(self.events) / span, sum(t for _, t in self.events) / span
+
+
+def fmt_eta(seconds):
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class InferenceJob:
+    def __init__(self, settings: Settings, log=print):
+        self.s = settings
+        self.log = log
+        self.stop_signal = None
+        self.inflight = {}  # task -> [prompt, streamed tokens]
+        self.retries = 0
+        self.retry_kinds = {}
+        self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
+        self.errors = 0
+        self.deferred = []  # prompts whose retries ran out this run
+        self.started = time.monotonic()
+        self.last_ok = time.monotonic()
+        self.rates = Rates()
+
+    # -- state ---------------------------------------------------------------------------
+    def load(self):
+        s = self.s
+        pset = formats.load_prompts(s.prompts, on_bad_line=s.on_bad_line)
+        self.log(f"Prompts: {len(pset.prompts)} unique in {s.prompts} ({pset.duplicates} duplicates dropped, "
+                 f"{len(pset.skipped)} bad lines skipped)")
+        for line, reason in pset.skipped[:20]:
+            self.log(f"  skipped {s.prompts}:{line}: {reason}")
+        self.lock = journal.JournalLock(s.journal).acquire()
+        self.state = journal.scan(s.journal, repair=True)
+        if self.state.repaired_bytes:
+            self.log(f"Repaired torn journal tail: dropped {self.state.repaired_bytes} bytes")
+        if self.state.duplicates:
+            self.log(f"Journal holds {self.state.duplicates} duplicate ids (first kept, counted once)")
+        self.errored = journal.scan(s.errors).ids
+        self.log(f"Resuming: {self.state.records} already done ({self.state.tokens} tokens)"
+                 + (f", {len(self.errored)} failed permanently earlier" if self.errored else ""))
+        self.log(f"remaining budget: {max(0, s.budget - self.state.tokens)} of {s.budget} tokens")
+        by_id = {p.id: p for p in pset.prompts}
+        todo = [i for i in formats.dispatch_order(by_id, s.seed)
+                if i not in self.state.ids and i not in self.errored]
+        self.queue = deque(by_id[i] for i in todo)
+        self.total_prompts = len(by_id)
+        self.model = LengthModel(s.max_tokens, self.state.lengths)
+        self.policy = DispatchPolicy(s.budget, self.model)
+
+    # -- requests ------------------------------------------------------------------------
+    async def run_one(self, prompt, slot):
+        s = self.s
+        messages = [dict(m) for m in prompt.messages]
+        attempt = 0
+        t0 = time.time()
+        while True:
+            slot[1] = 0
+
+            def on_token(n, slot=slot):
+                slot[1] += n
+
+            try:
+                res = await self.client.chat(messages, self.params, on_token=on_token)
+            except TransientError as exc:
+                self.discarded_tokens += slot[1]
+                kind = str(exc).split(":")[0]
+                self.retries += 1
+                self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
+                down_for = time.monotonic() - self.last_ok
+                if down_for > s.unreachable_deadline_s:
+                    raise ServerDown(f"server at {s.base_url} failing for {down_for:.0f} s "
+                                     f"(deadline {s.unreachable_deadline_s:g} s; last error: {exc})") from None
+                attempt += 1
+                if attempt > s.max_retries and not exc.connection:
+                    self.log(f"giving up on {prompt.id} for this run after {attempt} attempts: {exc}")
+                    self.deferred.append(prompt)
+                    return
+                await asyncio.sleep(backoff_delay(min(attempt, 6), retry_after=exc.retry_after))
+                continue
+            except PermanentError as exc:
+                self.discarded_tokens += slot[1]
+                self.errors += 1
+                journal.append_error(s.errors, {"id": prompt.id, "messages": messages, "status": exc.status,
+                                                "error": exc.message, "params": self.params,
+                                                "created": round(time.time(), 3), "usage": {}})
+                self.errored.add(prompt.id)
+                self.log(f"error (not retried) for {prompt.id}: {exc}")
+                return
+            break
+        self.last_ok = time.monotonic()
+        assistant = {"role": "assistant", "content": res.content}
+        if res.reasoning:
+            assistant["reasoning_content"] = res.reasoning
+        tokens = int(res.usage.get("completion_tokens") or 0)
+        self.writer.append({
+            "id": prompt.id,
+            "messages": messages + [assistant],
+            "finish_reason": res.finish_reason,
+            "params": self.params,
+            "served_model": res.model,
+            "created": round(t0, 3),
+            "latency_s": round(time.time() - t0, 3),
+            "attempts": attempt + 1,
+            "usage": res.usage,
+        })
+        self.state.ids.add(prompt.id)
+        self.state.tokens += tokens
+        self.state.records += 1
+        self.model.observe(tokens)
+        self.rates.add(tokens)
+
+    # -- progress ------------------------------------------------------------------------
+    def progress_line(self):
+        s, st = self.s, self.state
+        rps, tps = self.rates.rates()
+        pct = 100.0 * st.tokens / s.budget if s.budget else 100.0
+        streaming = sum(v[1] for v in self.inflight.values())
+        eta = (s.budget - st.tokens) / tps if tps > 0 and st.tokens < s.budget else (0 if st.tokens >= s.budget else None)
+        return (f"progress: {st.records} responses, {st.tokens}/{s.budget} tokens ({pct:.1f}%), "
+                f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {len(self.inflight)} ({streaming} tokens streamed), "
+                f"queued {len(self.queue)}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
+
+    async def progress_loop(self):
+        while True:
+            await asyncio.sleep(self.s.progress_interval_s)
+            self.log(self.progress_line())
+
+    # -- main loop -----------------------------------------------------------------------
+    def _on_signal(self, signum):
+        if self.stop_signal is None:
+            self.log(f"{signal.Signals(signum).name} received: stop dispatching, cancel in flight, flush")
+        self.stop_signal = signum
+        self.wake.set()
+
+    async def run(self):
+        s = self.s
+        self.load()
+        self.params = s.request_params()
+        if self.state.tokens >= s.budget or not self.queue:
+            return self.finish()
+        api_key = None
+        if s.api_key_env:
+            api_key = os.environ.get(s.api_key_env)
+            if not api_key:
+                raise UserError(f"server.api_key_env names {s.api_key_env!r}, but that environment variable is not set")
+        loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
+        for sig in EXIT_SIGNAL:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.client = ChatClient(s.base_url, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
+                                 concurrency=s.concurrency)
+        self.writer = journal.JournalWriter(s.journal)
+        progress = None
+        try:
+            await self.client.check_server(wait_s=s.startup_wait_s)
+            self.log(f"Server {s.base_url} serves {s.model}; dispatching up to {s.concurrency} at once")
+            self.last_ok = time.monotonic()
+            progress = asyncio.create_task(self.progress_loop())
+            await self.dispatch_loop()
+        finally:
+            if progress:
+                progress.cancel()
+            for task in list(self.inflight):
+                task.cancel()
+            if self.inflight:
+                await asyncio.gather(*self.inflight, return_exceptions=True)
+                self.discarded_tokens += sum(v[1] for v in self.inflight.values())
+            self.writer.close()
+            await self.client.aclose()
+        if self.stop_signal is not None:
+            self.log(self.progress_line())
+            self.log(f"Stopped by {signal.Signals(self.stop_signal).name}: journal flushed "
+                     f"({self.state.records} responses, {self.state.tokens} tokens); rerun to resume")
+            return EXIT_SIGNAL[self.stop_signal]
+        return self.finish()
+
+    async def dispatch_loop(self):
+        s = self.s
+        while self.stop_signal is None:
+            while (len(self.inflight) < s.concurrency and self.queue
+                   and self.policy.may_dispatch(self.state.tokens, [v[1] for v in self.inflight.values()])):
+                prompt = self.queue.popleft()
+                slot = [prompt, 0]
+                task = asyncio.create_task(self.run_one(prompt, slot))
+                self.inflight[task] = slot
+            if not self.inflight:
+                return
+            self.wake.clear()
+            waiter = asyncio.create_task(self.wake.wait())
+            done, _ = await asyncio.wait(list(self.inflight) + [waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            for task in done:
+                if task is waiter:
+                    continue
+                self.inflight.pop(task)
+                exc = task.exception()
+                if isinstance(exc, ServerDown):
+                    raise UserError(str(exc))
+                if exc is not None:
+                    raise exc
+
+    def finish(self):
+        s, st = self.s, self.state
+        met = st.tokens >= s.budget
+        exhausted = not self.queue and not self.inflight and not self.deferred
+        self.log(self.progress_line())
+        if self.deferred:
+            self.log(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
+            return 1
+        state = "met" if met else ("exhausted" if exhausted else "partial")
+        self.log(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses, budget {s.budget} "
+                 f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {self.discarded_tokens} tokens, "
+                 f"retries {self.retries} {self.retry_kinds or ''}, errors {len(self.errored)}".rstrip())
+        if state == "partial":
+            return 1
+        write_json_atomic(s.done, {
+            "dataset": s.dataset, "state": state, "tokens": st.tokens, "responses": st.records,
+            "budget": s.budget, "prompts": self.total_prompts, "errors": len(self.errored),
+            "discarded_tokens": self.discarded_tokens, "retries": self.retries,
+            "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4),
+            "wall_s": round(time.monotonic() - self.started, 2),
+        })
+        return 0
+
+    def close(self):
+        lock = getattr(self, "lock", None)
+        if lock:
+            lock.release()
+
+
+def run(settings, log=print):
+    job = InferenceJob(settings, log=log)
+    try:
+        return asyncio.run(job.run())
+    finally:
+        job.close()

@@ -1,0 +1,255 @@
+"""The append-only response journal: the resumable state of one dataset's generation.
+
+Format: JSON Lines, one whole record per line, `"id"` the first key and `"usage"` the last, so a
+scan can read the id from the head of a line and the token count from its tail without parsing
+the (possibly megabytes of) content in between. A crash can only leave a torn *last* line (no
+trailing newline); `repair_tail` truncates it. A line that is whole but unparseable is corruption
+from outside and is an error naming file:line, never silently dropped.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from .errors import UserError
+
+_ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"')
+_TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
+
+
+@dataclass
+class JournalState:
+    """What a scan of the journal knows: done ids and the tokens they count toward the budget."""
+
+    path: str
+    ids: set = field(default_factory=set)
+    tokens: int = 0
+    records: int = 0
+    duplicates: int = 0
+    lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
+    repaired_bytes: int = 0
+
+
+def repair_tail(path):
+    """Truncate a torn last line (a record cut by a crash); return the number of bytes dropped."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline in blocks; a torn record may be large.
+        pos, block = size, 1 << 16
+        keep = 0
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+def parse_line_fast(line):
+    """Return (id, completion_tokens) from one journal line, or None if it is not in our layout."""
+    head = _ID_HEAD.match(line)
+    if not head:
+        return None
+    k = line.rfind('"usage":')
+    if k < 0:
+        return None
+    tail = _TOKENS_TAIL.search(line, k)
+    if not tail:
+        return None
+    rid = head.group(1)
+    if "\\" in rid:
+        rid = json.loads('"' + rid + '"')
+    return rid, int(tail.group(1))
+
+
+def parse_line(line, where):
+    """Full parse of one line: (id, completion_tokens, record)."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: corrupt journal record ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(rec, dict) or "id" not in rec:
+        raise UserError(f"{where}: corrupt journal record (no id)")
+    usage = rec.get("usage") or {}
+    return str(rec["id"]), int(usage.get("completion_tokens") or 0), rec
+
+
+def scan(path, repair=False):
+    """Read a journal into a JournalState. With repair=True a torn tail is truncated first."""
+    state = JournalState(path=os.fspath(path))
+    if repair:
+        state.repaired_bytes = repair_tail(path)
+    try:
+        f = open(path, encoding="utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        return state
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                if repair:  # appeared after the repair: another writer, which the lock prevents
+                    raise UserError(f"{path}:{lineno}: journal changed while being read")
+                break  # torn tail; the writer repairs it on start
+            if not line.strip():
+                continue
+            got = parse_line_fast(line)
+            if got is None:
+                rid, tokens, _ = parse_line(line, f"{path}:{lineno}")
+            else:
+                rid, tokens = got
+            if rid in state.ids:
+                state.duplicates += 1  # keep the first; never count a response twice
+                continue
+            state.ids.add(rid)
+            state.tokens += tokens
+            state.records += 1
+            state.lengths.append(tokens)
+    return state
+
+
+def iter_records(path):
+    """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only."""
+    seen = set()
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.endswith("\n") or not line.strip():
+                continue
+            rid, _, rec = parse_line(line, f"{path}:{lineno}")
+            if rid in seen:
+                continue
+            seen.add(rid)
+            yield lineno, rec
+
+
+def encode_record(rec):
+    """One journal line. `id` first and `usage` last (see the module docstring)."""
+    ordered = {"id": rec["id"]}
+    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "usage"))
+    ordered["usage"] = rec.get("usage") or {}
+    return json.dumps(ordered, ensure_ascii=False) + "\n"
+
+
+class JournalLock:
+    """An exclusive lock so two inference processes can never append to one journal."""
+
+    def __init__(self, journal_path):
+        self.path = os.fspath(journal_path) + ".lock"
+        self.fd = None
+
+    def acquire(self):
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(
+                    f"{self.path}: another inference process (pid {holder}) is writing this journal"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class JournalWriter:
+    """Appends whole records: one write() of one line, flushed at once, fsynced every few seconds.
+
+    The file is opened O_APPEND so each record lands at the end even across processes, and
+    written with a single os.write of the encoded line: a crash leaves a record whole or torn at
+    the tail, never interleaved.
+    """
+
+    def __init__(self, path, fsync_interval_s=2.0):
+        self.path = os.fspath(path)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fsync_interval_s = fsync_interval_s
+        self._last_sync = time.monotonic()
+        self._dirty = False
+
+    def append(self, rec):
+        data = encode_record(rec).encode("utf-8")
+        try:
+            n = os.write(self.fd, data)
+            if n != len(data):  # short write (disk full): undo the partial tail now
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as exc:
+            self._truncate_partial(len(data))
+            raise UserError(f"{self.path}: cannot append to journal ({os.strerror(exc.errno)})") from None
+        self._dirty = True
+        if time.monotonic() - self._last_sync >= self.fsync_interval_s:
+            self.sync()
+
+    def _truncate_partial(self, attempted):
+        try:
+            size = os.fstat(self.fd).st_size
+            with open(self.path, "rb") as f:
+                f.seek(max(0, size - attempted))
+                tail = f.read()
+            if tail and not tail.endswith(b"\n"):
+                repair_tail(self.path)
+        except OSError:
+            pass
+
+    def sync(self):
+        if self._dirty:
+            try:
+                os.fsync(self.fd)
+            except OSError as exc:
+                raise UserError(f"{self.path}: cannot sync journal ({os.strerror(exc.errno)})") from None
+            self._dirty = False
+        self._last_sync = time.monotonic()
+
+    def close(self):
+        if self.fd is not None:
+            try:
+                self.sync()
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
+def append_error(path, rec):
+    """Errors (non-transient 4xx) go to their own journal with the same line discipline."""
+    w = JournalWriter(path)
+    try:
+        w.append(rec)
+    finally:
+        w.close()

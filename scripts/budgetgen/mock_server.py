@@ -1,0 +1,845 @@
+"""A stdlib-only OpenAI-compatible chat server for the demo, the tests and the benchmarks.
+
+    python scripts/mock_server.py --port 0 --port-file PORT_FILE [options]   (see --help)
+
+Raw asyncio protocol, HTTP/1.1 with keep-alive, chunked SSE streaming. Every response is deterministic:
+its length and words come from an rng seeded by the request's messages and --seed. Knobs model an engine
+(time to first token, per-stream token rate, a limited number of running requests, a context limit) and
+inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server outage). Counters
+are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
+
+`spawn(args, workdir)` starts the server as a subprocess and returns (Popen, base_url) for tests.
+"""
+
+import argparse
+import asyncio
+import collections
+import hashlib
+import http
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from budgetgen.errors import UserError
+from budgetgen.fsutil import atomic_output, write_json_atomic
+
+VOCAB = """
+the of and to in is that it was for on are as with his they at be this from have or by one had not but
+what all were when we there can an your which their said if do will each about how up out them then she
+many some so these would other into has more her two like him see time could no make than first been its
+who now people my made over did down only way find use may water long little very after words called
+just where most know get through back much before go good new write our used me man too any day same
+right look think also around another came come work three word must because does part even place well
+such here take why things help put years different away again off went old number great tell men say
+small every found still between name should home big give air line set own under read last never us left
+end along while might next sound below saw something thought both few those always looked show large
+often together asked house world going want school important until form food keep
+""".split()
+
+_J0 = [json.dumps(w).encode() for w in VOCAB]  # a token's JSON string, first in its field
+_J1 = [json.dumps(" " + w).encode() for w in VOCAB]  # later tokens: with a leading space
+
+_JSON = dict(separators=(",", ":"))
+MIN_SLEEP_S = 0.010  # rate limiting sleeps at least this long and emits the tokens that fell due
+BATCH_TOKENS = 64  # with no rate limit, SSE events per write
+MAX_HEADER = 64 * 1024
+MAX_BODY = 64 * 1024 * 1024
+ENTRY = Path(__file__).resolve().parent.parent / "mock_server.py"
+
+
+class Disconnected(Exception):
+    """The client went away (or the server aborted the connection)."""
+
+
+class BadRequest(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _resolve(fut, value=None):
+    if not fut.done():
+        fut.set_result(value)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Response model
+
+
+def prompt_token_count(messages):
+    """Whitespace-split words of every message's content, plus 4 per message."""
+    total = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # OpenAI content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        total += len(str(content or "").split()) + 4
+    return total
+
+
+class Plan:
+    """The deterministic response to one request: word indices, reasoning count, finish reason."""
+
+    __slots__ = ("words", "n_reasoning", "finish_reason")
+
+    def __init__(self, cfg, messages, max_tokens):
+        key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
+        rng = random.Random(int(hashlib.sha256(key.encode()).hexdigest(), 16))
+        if cfg.length_dist == "lognormal":
+            mu = math.log(cfg.mean_tokens) - cfg.sigma**2 / 2
+            length = max(1, round(rng.lognormvariate(mu, cfg.sigma)))
+        else:
+            length = max(1, round(cfg.mean_tokens))
+        n = length if max_tokens is None else min(length, max_tokens)
+        self.finish_reason = "length" if n < length else "stop"
+        self.n_reasoning = min(n, round(cfg.reasoning_share * length))
+        self.words = [rng.randrange(len(VOCAB)) for _ in range(n)]
+
+    def texts(self):
+        """(reasoning, content) as strings."""
+        r = self.n_reasoning
+        return (" ".join(VOCAB[i] for i in self.words[:r]), " ".join(VOCAB[i] for i in self.words[r:]))
+
+
+def usage(prompt_tokens, plan, with_reasoning):
+    n = len(plan.words)
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    if with_reasoning:
+        u["completion_tokens_details"] = {"reasoning_tokens": plan.n_reasoning}
+    return u
+
+
+# ----------------------------------------------------------------------------------------------------
+# Counters
+
+
+class Job:
+    """Token accounting of one chat request across /stats/reset epochs."""
+
+    __slots__ = ("epoch", "counted")
+
+    def __init__(self, epoch):
+        self.epoch, self.counted = epoch, 0
+
+
+class Stats:
+    def __init__(self, loop, slots):
+        self.loop, self.slots = loop, slots
+        self.started = loop.time()
+        self.epoch = 0
+        self.active = 0
+        self.reset()
+
+    def reset(self):
+        self.epoch += 1
+        self.t0 = self.last = self.loop.time()
+        self.requests = self.completed = 0
+        self.by_status = collections.Counter()
+        self.faults = {"500": 0, "429": 0, "drop": 0, "hang": 0}
+        self.tokens_generated = self.tokens_delivered = 0
+        self.max_active = self.active
+        self.busy = 0.0
+        self.timeline = collections.deque(maxlen=20000)
+
+    def _integrate(self):
+        now = self.loop.time()
+        cap = self.slots or self.active
+        self.busy += min(self.active, cap) * (now - self.last)
+        self.last = now
+
+    def change_active(self, delta):
+        self._integrate()
+        self.active += delta
+        self.max_active = max(self.max_active, self.active)
+
+    def sample(self):
+        self.timeline.append([round(self.loop.time() - self.t0, 3), self.active])
+
+    def generated(self, job, n):
+        if job.epoch != self.epoch:
+            job.epoch, job.counted = self.epoch, 0
+        job.counted += n
+        self.tokens_generated += n
+
+    def delivered(self, job):
+        if job.epoch == self.epoch:
+            self.tokens_delivered += job.counted
+        self.completed += 1
+
+    def snapshot(self, waiting=0, connections=0):
+        self._integrate()
+        now = self.loop.time()
+        return {
+            "requests": self.requests,
+            "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "faults": dict(self.faults),
+            "tokens_generated": self.tokens_generated,
+            "tokens_delivered": self.tokens_delivered,
+            "tokens_abandoned": self.tokens_generated - self.tokens_delivered,
+            "completed": self.completed,
+            "active": self.active,
+            "waiting": waiting,
+            "max_active": self.max_active,
+            "slots": self.slots,
+            "connections": connections,
+            "busy_slot_seconds": round(self.busy, 6),
+            "elapsed_s": round(now - self.t0, 6),
+            "uptime_s": round(now - self.started, 6),
+            "timeline": list(self.timeline),
+        }
+
+
+class Slots:
+    """At most n holders (n == 0: unlimited); the others wait in FIFO order."""
+
+    def __init__(self, n):
+        self.n = self.free = n
+        self.waiters = collections.deque()
+
+    def __len__(self):
+        return sum(1 for f in self.waiters if not f.done())
+
+    async def acquire(self, conn):
+        if self.n == 0:
+            return
+        if self.free > 0:  # release() hands slots to waiters directly, so free > 0 means no waiters
+            self.free -= 1
+            return
+        fut = conn.loop.create_future()
+        self.waiters.append(fut)
+        try:
+            await conn.wait(fut)  # resolved True by release(), None when the client goes away
+        except BaseException:
+            if fut.done() and not fut.cancelled() and fut.result() is True:
+                self.release()
+            else:
+                fut.cancel()
+            raise
+
+    def release(self):
+        if self.n == 0:
+            return
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                return
+        self.free += 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# HTTP
+
+
+class Request:
+    __slots__ = ("method", "path", "headers", "body", "keep_alive")
+
+    def __init__(self, method, path, headers, body, keep_alive):
+        self.method, self.path, self.headers, self.body, self.keep_alive = (
+            method, path, headers, body, keep_alive)
+
+
+def head(status, ctype, length=None, extra=(), keep_alive=True):
+    lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", f"Content-Type: {ctype}"]
+    lines.append("Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}")
+    lines.extend(f"{k}: {v}" for k, v in extra)
+    if not keep_alive:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def chunk(data):
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs them one at a time, notices the client leaving."""
+
+    def __init__(self, app):
+        self.app, self.loop = app, app.loop
+        self.buf = bytearray()
+        self.lost = False
+        self.paused = False
+        self._waiter = None  # what the request handler awaits now (sleep, slot, drain, hang)
+        self._data_waiter = None
+        self.transport = None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport):
+        self.transport = transport
+        self.app.conns.add(self)
+        self.task = self.loop.create_task(self._run())
+
+    def data_received(self, data):
+        self.buf += data
+        if self._data_waiter is not None:
+            _resolve(self._data_waiter)
+
+    def eof_received(self):
+        self._gone()
+        return False  # let the transport close
+
+    def connection_lost(self, exc):
+        self._gone()
+        self.app.conns.discard(self)
+
+    def pause_writing(self):
+        self.paused = True
+
+    def resume_writing(self):
+        self.paused = False
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    def _gone(self):
+        self.lost = True
+        for fut in (self._waiter, self._data_waiter):
+            if fut is not None:
+                _resolve(fut)
+
+    # -- for request handlers
+    async def wait(self, fut, timeout=None):
+        """Await fut (at most timeout s); raise Disconnected if the client is gone by then."""
+        if self.lost:
+            raise Disconnected
+        handle = self.loop.call_later(timeout, _resolve, fut) if timeout is not None else None
+        self._waiter = fut
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle is not None:
+                handle.cancel()
+        if self.lost:
+            raise Disconnected
+
+    async def sleep(self, seconds):
+        await self.wait(self.loop.create_future(), seconds)
+
+    def write(self, data):
+        if self.lost:
+            raise Disconnected
+        self.transport.write(data)
+
+    async def drain(self):
+        if self.lost:
+            raise Disconnected
+        while self.paused:
+            await self.wait(self.loop.create_future())
+
+    def abort(self):
+        self._gone()
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- request loop
+    def _parse(self):
+        buf = self.buf
+        while buf[:2] == b"\r\n":
+            del buf[:2]
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEADER:
+                raise BadRequest(431, "request header too large")
+            return None
+        lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise BadRequest(400, "malformed request line")
+        method, target, version = parts
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise BadRequest(400, "malformed header line")
+            headers[name.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            raise BadRequest(411, "chunked request bodies are not supported; send Content-Length")
+        try:
+            length = int(headers.get("content-length") or 0)
+        except ValueError:
+            raise BadRequest(400, "bad Content-Length") from None
+        if length < 0 or length > MAX_BODY:
+            raise BadRequest(413, "request body too large")
+        total = end + 4 + length
+        if len(buf) < total:
+            return None
+        body = bytes(buf[end + 4:total])
+        del buf[:total]
+        conn_hdr = headers.get("connection", "").lower()
+        keep = conn_hdr != "close" if version == "HTTP/1.1" else conn_hdr == "keep-alive"
+        return Request(method, target.split("?", 1)[0], headers, body, keep)
+
+    async def _run(self):
+        try:
+            while not self.lost:
+                try:
+                    req = self._parse()
+                except BadRequest as exc:
+                    self.app.send_json(self, None, exc.status, error_body(exc.status, str(exc)))
+                    break
+                if req is None:
+                    self._data_waiter = self.loop.create_future()
+                    try:
+                        await self._data_waiter
+                    finally:
+                        self._data_waiter = None
+                    continue
+                if not await self.app.dispatch(self, req):
+                    break
+        except Disconnected:
+            pass
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            self.abort()
+        finally:
+            if not self.lost:
+                self.transport.close()
+
+
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+               405: "MethodNotAllowed", 429: "RateLimitError", 500: "InternalServerError"}
+
+
+def error_body(status, message):
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"), "code": status}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The server
+
+
+class MockServer:
+    def __init__(self, cfg, loop):
+        self.cfg, self.loop = cfg, loop
+        self.models = cfg.model or ["mock-model"]
+        self.field = cfg.reasoning_field.encode()
+        self.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        self.slots = Slots(cfg.slots)
+        self.stats = Stats(loop, cfg.slots)
+        self.conns = set()
+        self.server = None
+        self.port = None
+        self.chat_counter = 0
+        self.stopping = False
+
+    # -- lifecycle
+    async def listen(self, port):
+        self.server = await self.loop.create_server(
+            lambda: Connection(self), self.cfg.host, port, backlog=1024, reuse_address=True)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def abort_all(self):
+        for conn in list(self.conns):
+            conn.abort()
+
+    async def outage(self):
+        log(f"mock_server outage: listener closed, connections aborted for {self.cfg.outage_for} s")
+        self.server.close()
+        self.abort_all()
+        await asyncio.sleep(self.cfg.outage_for)
+        if not self.stopping:
+            await self.listen(self.port)
+            log(f"mock_server outage over: listening again on port {self.port}")
+
+    async def sampler(self):
+        while True:
+            await asyncio.sleep(self.cfg.sample_interval)
+            self.stats.sample()
+
+    def snapshot(self):
+        return self.stats.snapshot(waiting=len(self.slots), connections=len(self.conns))
+
+    # -- responses
+    def send_json(self, conn, req, status, payload, extra=(), chat=False):
+        if chat:
+            self.stats.by_status[status] += 1
+        body = json.dumps(payload, **_JSON).encode()
+        keep = req is not None and req.keep_alive
+        conn.write(head(status, "application/json", len(body), extra, keep) + body)
+        return keep
+
+    async def dispatch(self, conn, req):
+        """Answer one request; return whether the connection stays open."""
+        m, p = req.method, req.path
+        if p == "/v1/chat/completions" and m == "POST":
+            return await self.chat(conn, req)
+        if self.api_key is not None and p.startswith("/v1/") and not self.authorised(req):
+            return self.send_json(conn, req, 401, error_body(401, "Invalid or missing API key"))
+        if p == "/health" and m == "GET":
+            return self.send_json(conn, req, 200, {"status": "ok"})
+        if p == "/v1/models" and m == "GET":
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "mock"} for name in self.models]
+            return self.send_json(conn, req, 200, {"object": "list", "data": data})
+        if p == "/stats" and m == "GET":
+            return self.send_json(conn, req, 200, self.snapshot())
+        if p == "/stats/reset" and m == "POST":
+            self.stats.reset()
+            return self.send_json(conn, req, 200, {"status": "ok"})
+        if p in ("/health", "/v1/models", "/stats", "/stats/reset", "/v1/chat/completions"):
+            return self.send_json(conn, req, 405, error_body(405, f"Method {m} not allowed on {p}"))
+        return self.send_json(conn, req, 404, error_body(404, f"Not found: {p}"))
+
+    def authorised(self, req):
+        return req.headers.get("authorization", "") == f"Bearer {self.api_key}"
+
+    def fault(self, counter):
+        cfg = self.cfg
+        x = random.Random(f"{cfg.fault_seed}/{counter}").random()
+        for name, p in (("500", cfg.fail_500), ("429", cfg.fail_429), ("drop", cfg.drop), ("hang", cfg.hang)):
+            if x < p:
+                return name
+            x -= p
+        return None
+
+    async def chat(self, conn, req):
+        cfg, stats = self.cfg, self.stats
+        stats.requests += 1
+        self.chat_counter += 1
+        counter = self.chat_counter
+
+        def fail(status, message, extra=()):
+            return self.send_json(conn, req, status, error_body(status, message), extra, chat=True)
+
+        if self.api_key is not None and not self.authorised(req):
+            return fail(401, "Invalid or missing API key")
+        try:
+            body = json.loads(req.body)
+        except ValueError as exc:
+            return fail(400, f"Invalid JSON body: {exc}")
+        if not isinstance(body, dict):
+            return fail(400, "The request body must be a JSON object")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return fail(400, "'messages' must be a non-empty list")
+        model = body.get("model") or self.models[0]
+        if model not in self.models:
+            return self.send_json(conn, req, 404, error_body(404, f"The model '{model}' does not exist"),
+                                  chat=True)
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+            return fail(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
+        prompt_tokens = prompt_token_count(messages)
+        if cfg.context_limit:
+            want = prompt_tokens + (max_tokens or 0)
+            if want > cfg.context_limit or prompt_tokens >= cfg.context_limit:
+                return fail(400, (
+                    f"This model's maximum context length is {cfg.context_limit} tokens. However, you "
+                    f"requested {want} tokens ({prompt_tokens} in the messages, {max_tokens or 0} in the "
+                    f"completion). Please reduce the length of the messages or completion."))
+            if max_tokens is None:
+                max_tokens = cfg.context_limit - prompt_tokens
+
+        fault = self.fault(counter)
+        if fault is not None:
+            stats.faults[fault] += 1
+        if fault == "500":
+            return fail(500, "mock_server: injected internal server error")
+        if fault == "429":
+            return fail(429, "mock_server: injected rate limit, retry later",
+                        extra=[("Retry-After", format(cfg.retry_after, "g"))])
+        if fault == "hang":
+            await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
+
+        plan = Plan(cfg, messages, max_tokens)
+        drop_after = None
+        if fault == "drop":
+            drop_after = random.Random(f"{cfg.fault_seed}/{counter}/drop").randrange(len(plan.words))
+        stream = bool(body.get("stream"))
+        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+
+        await self.slots.acquire(conn)
+        job = Job(stats.epoch)
+        stats.change_active(+1)
+        try:
+            if stream:
+                await self.stream(conn, req, model, plan, prompt_tokens, job, include_usage, drop_after)
+            else:
+                await self.complete(conn, req, model, plan, prompt_tokens, job, drop_after)
+        finally:
+            stats.change_active(-1)
+            self.slots.release()
+        stats.delivered(job)
+        return req.keep_alive
+
+    async def produce(self, conn, job, n, emit=None):
+        """Make n tokens, honouring --ttft-s and --tokens-per-s; emit(a, b) gets each due range."""
+        cfg = self.cfg
+        if cfg.ttft_s > 0:
+            await conn.sleep(cfg.ttft_s)
+        rate, loop = cfg.tokens_per_s, self.loop
+        if rate <= 0 and emit is None:
+            self.stats.generated(job, n)
+            return
+        t0 = loop.time()
+        sent = 0
+        while sent < n:
+            if rate > 0:  # token k is due at t0 + k / rate
+                due = min(n, int((loop.time() - t0) * rate) + 1)
+                if due <= sent:
+                    await conn.sleep(max(MIN_SLEEP_S, sent / rate - (loop.time() - t0)))
+                    continue
+            else:
+                due = min(n, sent + BATCH_TOKENS)
+            self.stats.generated(job, due - sent)
+            if emit is not None:
+                await emit(sent, due)
+                if rate <= 0 and due < n:
+                    await asyncio.sleep(0)  # let other streams write
+            sent = due
+
+    async def complete(self, conn, req, model, plan, prompt_tokens, job, drop_after):
+        await self.produce(conn, job, len(plan.words) if drop_after is None else drop_after)
+        reasoning, content = plan.texts()
+        message = {"role": "assistant", "content": content}
+        if plan.n_reasoning:
+            message[self.cfg.reasoning_field] = reasoning
+        payload = {
+            "id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}],
+            "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0),
+        }
+        if drop_after is not None:
+            body = json.dumps(payload, **_JSON).encode()
+            self.stats.by_status[200] += 1
+            conn.write(head(200, "application/json", len(body), keep_alive=req.keep_alive) + body[:len(body) // 2])
+            conn.abort()
+            raise Disconnected
+        self.send_json(conn, req, 200, payload, chat=True)
+        await conn.drain()
+
+    async def stream(self, conn, req, model, plan, prompt_tokens, job, include_usage, drop_after):
+        rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        pre = ("data: " + json.dumps(base, **_JSON)[:-1] + ',"choices":[{"index":0,"delta":{').encode()
+        pre_content = pre + b'"content":'
+        pre_reasoning = pre + b'"' + self.field + b'":'
+        suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        words, r = plan.words, plan.n_reasoning
+
+        self.stats.by_status[200] += 1
+        conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
+                   + chunk(pre + b'"role":"assistant","content":""' + suffix))
+
+        async def emit(a, b):
+            parts = []
+            for i in range(a, b):
+                if i < r:
+                    parts.append(pre_reasoning + (_J1 if i else _J0)[words[i]] + suffix)
+                else:
+                    parts.append(pre_content + (_J1 if i != r else _J0)[words[i]] + suffix)
+            conn.write(chunk(b"".join(parts)))
+            await conn.drain()
+
+        if drop_after is not None:
+            await self.produce(conn, job, drop_after, emit)
+            conn.abort()
+            raise Disconnected
+        await self.produce(conn, job, len(words), emit)
+        tail = [pre + b'},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]}\n\n']
+        if include_usage:
+            u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0)}
+            tail.append(b"data: " + json.dumps(u, **_JSON).encode() + b"\n\n")
+        tail.append(b"data: [DONE]\n\n")
+        conn.write(chunk(b"".join(tail)) + b"0\r\n\r\n")
+        await conn.drain()
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def serve(cfg):
+    loop = asyncio.get_running_loop()
+    app = MockServer(cfg, loop)
+    try:
+        await app.listen(cfg.port)
+    except OSError as exc:
+        raise UserError(f"mock_server: cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if cfg.port_file:
+        with atomic_output(cfg.port_file) as f:
+            f.write(f"{app.port}\n")
+    shown = "127.0.0.1" if cfg.host in ("0.0.0.0", "") else cfg.host
+    log(f"mock_server listening on http://{shown}:{app.port}/v1 model={','.join(app.models)}")
+    tasks = [loop.create_task(app.sampler())]
+    if cfg.outage_at is not None:
+        tasks.append(loop.create_task(_after(cfg.outage_at, app.outage)))
+    await stop.wait()
+    app.stopping = True
+    app.server.close()
+    handlers = [conn.task for conn in app.conns]
+    app.abort_all()
+    for t in tasks:
+        t.cancel()
+    if handlers:  # let the aborted requests unwind so the counters are final
+        await asyncio.wait(handlers, timeout=2)
+    if cfg.stats_file:
+        write_json_atomic(cfg.stats_file, app.snapshot())
+    log("mock_server stopped")
+    return 0
+
+
+async def _after(delay, coro_fn):
+    await asyncio.sleep(delay)
+    await coro_fn()
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _probability(text):
+    p = float(text)
+    if not 0 <= p <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability in [0, 1]")
+    return p
+
+
+def _nonneg(text):
+    x = float(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return x
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(
+        prog="mock_server.py",
+        description="Stdlib OpenAI-compatible chat server with deterministic responses, timing and faults.")
+    g = ap.add_argument_group("listening")
+    g.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s)")
+    g.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default %(default)s)")
+    g.add_argument("--port-file", help="write the bound port here (atomically) once listening")
+    g.add_argument("--model", action="append", help="served model name; repeatable (default mock-model)")
+    g.add_argument("--api-key-env", metavar="NAME",
+                   help="require 'Authorization: Bearer $NAME' on /v1/* (the env var must be set)")
+    g = ap.add_argument_group("responses")
+    g.add_argument("--seed", type=int, default=0, help="response rng seed (default %(default)s)")
+    g.add_argument("--length-dist", choices=["fixed", "lognormal"], default="fixed")
+    g.add_argument("--mean-tokens", type=float, default=64, help="mean response length (default %(default)s)")
+    g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
+    g.add_argument("--reasoning-share", type=_probability, default=0.0,
+                   help="share of each response's tokens sent as reasoning first (default %(default)s)")
+    g.add_argument("--reasoning-field", choices=["reasoning_content", "reasoning"], default="reasoning_content",
+                   help="field name of reasoning text (vLLM: reasoning)")
+    g.add_argument("--context-limit", type=int, default=0,
+                   help="400 when prompt_tokens + max_tokens exceeds it; 0 = none (default)")
+    g = ap.add_argument_group("timing")
+    g.add_argument("--ttft-s", type=_nonneg, default=0.0, help="seconds before the first token")
+    g.add_argument("--tokens-per-s", type=_nonneg, default=0.0, help="tokens/s per stream; 0 = no delay")
+    g.add_argument("--slots", type=int, default=0, help="max requests generating at once; 0 = unlimited")
+    g = ap.add_argument_group("faults (chat requests only; reproducible from --fault-seed)")
+    g.add_argument("--fault-seed", type=int, default=0)
+    g.add_argument("--fail-500", type=_probability, default=0.0, help="probability of a 500 error")
+    g.add_argument("--fail-429", type=_probability, default=0.0, help="probability of a 429 with Retry-After")
+    g.add_argument("--retry-after", type=_nonneg, default=1.0, help="Retry-After seconds (default %(default)s)")
+    g.add_argument("--drop", type=_probability, default=0.0,
+                   help="probability of aborting the connection part-way through the response")
+    g.add_argument("--hang", type=_probability, default=0.0,
+                   help="probability of never answering (until the client disconnects)")
+    g.add_argument("--outage-at", type=_nonneg, help="seconds after start: close the listener, abort connections")
+    g.add_argument("--outage-for", type=_nonneg, default=2.0,
+                   help="seconds before listening again on the same port (default %(default)s)")
+    g = ap.add_argument_group("counters")
+    g.add_argument("--stats-file", help="write the /stats JSON here (atomically) on SIGTERM/SIGINT")
+    g.add_argument("--sample-interval", type=float, default=0.5,
+                   help="seconds between occupancy timeline samples (default %(default)s)")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    cfg = ap.parse_args(argv)
+    if cfg.fail_500 + cfg.fail_429 + cfg.drop + cfg.hang > 1 + 1e-9:
+        ap.error("--fail-500 + --fail-429 + --drop + --hang must not exceed 1")
+    if cfg.mean_tokens <= 0:
+        ap.error("--mean-tokens must be positive")
+    if cfg.slots < 0 or cfg.context_limit < 0:
+        ap.error("--slots and --context-limit must not be negative")
+    if cfg.sample_interval <= 0:
+        ap.error("--sample-interval must be positive")
+    if not 0 <= cfg.port <= 65535:
+        ap.error("--port must be in 0..65535")
+    if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+        ap.error(f"--api-key-env {cfg.api_key_env}: that environment variable is not set")
+    return cfg
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    return asyncio.run(serve(cfg))
+
+
+# ----------------------------------------------------------------------------------------------------
+# For tests: run the server as a subprocess
+
+
+def spawn(args, workdir, timeout=10, *, env=None):
+    """Start `scripts/mock_server.py *args` (default --port 0); wait until it listens.
+
+    Returns (Popen, base_url) with base_url like "http://127.0.0.1:PORT/v1". The server's stderr goes
+    to workdir/mock_server.<tag>.log (also at proc.log_path). Stop it with stop(proc).
+    """
+    args = [str(a) for a in args]
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    cmd = [sys.executable, str(ENTRY), *args]
+    if "--port" not in args:
+        cmd += ["--port", "0"]
+    if "--port-file" in args:
+        port_file = Path(args[args.index("--port-file") + 1])
+    else:
+        port_file = workdir / f"mock_server.{tag}.port"
+        cmd += ["--port-file", str(port_file)]
+    host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    log_path = workdir / f"mock_server.{tag}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                env=None if env is None else {**os.environ, **env})
+    proc.log_path = log_path
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            port = int(port_file.read_text().strip())
+            break
+        except (FileNotFoundError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"mock server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        if time.monotonic() > deadline:
+            stop(proc)
+            raise TimeoutError(f"mock server did not listen within {timeout} s: {log_path.read_text()[-2000:]}")
+        time.sleep(0.02)
+    proc.base_url = f"http://{host}:{port}/v1"
+    proc.port = port
+    return proc, proc.base_url
+
+
+def stop(proc, timeout=10):
+    """SIGTERM the server and wait; kill it if it does not exit. Returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

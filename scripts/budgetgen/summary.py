@@ -1,0 +1,52 @@
+"""results/summary.tsv: per dataset prompts, responses, tokens, budget, state and length stats."""
+
+import os
+
+from . import formats, journal
+
+COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
+           "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows"]
+
+
+def percentile(sorted_values, q):
+    if not sorted_values:
+        return 0
+    i = min(len(sorted_values) - 1, max(0, int(round(q / 100.0 * (len(sorted_values) - 1)))))
+    return sorted_values[i]
+
+
+def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None):
+    lengths, cut = [], 0
+    for _, rec in journal.iter_records(raw_path):
+        lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
+        cut += rec.get("finish_reason") == "length"
+    n_prompts = len(formats.load_prompts(prompts_path, on_bad_line="skip").prompts)
+    errors = len(journal.scan(errors_path).ids)
+    tokens = sum(lengths)
+    lengths.sort()
+    if tokens >= budget:
+        status = "met"
+    elif len(lengths) + errors >= n_prompts:
+        status = "exhausted"
+    else:
+        status = "partial"
+    rows = ""
+    if tokenized_path and os.path.exists(tokenized_path):
+        import pyarrow as pa
+
+        with pa.memory_map(tokenized_path) as src:
+            rows = sum(b.num_rows for b in pa.ipc.open_stream(src))
+    n = len(lengths)
+    return {
+        "dataset": dataset, "prompts": n_prompts, "responses": n, "completion_tokens": tokens,
+        "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
+        "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
+        "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",
+        "errors": errors, "tokenized_rows": rows,
+    }
+
+
+def format_tsv(rows):
+    out = ["\t".join(COLUMNS)]
+    out += ["\t".join(str(r[c]) for c in COLUMNS) for r in rows]
+    return "\n".join(out) + "\n"

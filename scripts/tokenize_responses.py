@@ -1,0 +1,58 @@
+"""Tokenize generated conversations into an Arrow file with loss masks (rule `tokenize`).
+
+    python scripts/tokenize_responses.py --input results/D/raw_responses.jsonl
+        --output results/D/tokenized.arrow --tokenizer PATH --max-length N
+        [--processes K] [--chat-template-kwargs JSON] [--batch-size B]
+
+The output is an Arrow IPC stream (datasets.Dataset.from_file reads it). Named so as not to shadow
+the stdlib `tokenize` module.
+"""
+
+import argparse
+import json
+import sys
+
+from budgetgen.errors import UserError, run_main
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description="Render conversations with the tokenizer's chat template, tokenize them, and write "
+                    "input_ids + loss_mask (1 on the generated assistant turn) as an Arrow IPC stream.")
+    ap.add_argument("--input", required=True, help="raw_responses.jsonl (last message = generated turn)")
+    ap.add_argument("--output", required=True, help="Arrow IPC stream file to write (atomically)")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer folder (or hub name, if cached)")
+    ap.add_argument("--max-length", type=int, required=True, help="truncate rows to this many tokens")
+    ap.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                    help='extra template variables, e.g. \'{"enable_thinking": false}\'')
+    ap.add_argument("--batch-size", type=int, default=512, help="conversations per batch (default 512)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    kwargs = None
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except ValueError as exc:
+            raise UserError(f"--chat-template-kwargs: not valid JSON ({exc})") from None
+        if not isinstance(kwargs, dict):
+            raise UserError("--chat-template-kwargs: must be a JSON object")
+    if args.max_length < 1:
+        raise UserError(f"--max-length must be at least 1, got {args.max_length}")
+    if args.processes < 1:
+        raise UserError(f"--processes must be at least 1, got {args.processes}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    from budgetgen.tokenization import tokenize_file
+
+    tokenize_file(args.input, args.output, args.tokenizer, args.max_length, processes=args.processes,
+                  chat_template_kwargs=kwargs, batch_size=args.batch_size,
+                  log=lambda msg: print(msg, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, sys.argv[1:])

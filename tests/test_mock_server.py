@@ -1,0 +1,416 @@
+"""budgetgen.mock_server, run as a real subprocess and driven with httpx."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from budgetgen import mock_server
+from budgetgen.mock_server import VOCAB, spawn, stop
+
+MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something nice please"}]
+PROMPT_TOKENS = 3 + 4 + 4 + 4  # words + 4 per message
+
+
+@pytest.fixture
+def server(tmp_path):
+    """Factory: server(*args, env=None) -> base_url; every server is stopped at teardown."""
+    procs = []
+
+    def start(*args, env=None):
+        proc, base = spawn(list(args), tmp_path, env=env)
+        procs.append(proc)
+        return base
+
+    yield start
+    for proc in procs:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    proc, base = spawn([], tmp_path_factory.mktemp("mock"))
+    yield base
+    stop(proc)
+
+
+def chat(base, messages=MSGS, timeout=10, headers=None, **kw):
+    return httpx.post(f"{base}/chat/completions", json={"model": "mock-model", "messages": messages, **kw},
+                      timeout=timeout, headers=headers)
+
+
+def stream_chat(base, messages=MSGS, **kw):
+    """Return (content, reasoning by field, finish_reason, usage, chunks, saw_done)."""
+    body = {"model": "mock-model", "messages": messages, "stream": True, **kw}
+    content, reasoning, finish, usage, chunks, done = "", {}, None, None, [], False
+    with httpx.stream("POST", f"{base}/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: ")
+            assert not done, "nothing may follow [DONE]"
+            if line == "data: [DONE]":
+                done = True
+                continue
+            ch = json.loads(line[6:])
+            chunks.append(ch)
+            for choice in ch["choices"]:
+                delta = choice["delta"]
+                content += delta.get("content") or ""
+                for field in ("reasoning_content", "reasoning"):
+                    if field in delta:
+                        reasoning[field] = reasoning.get(field, "") + delta[field]
+                finish = choice["finish_reason"] or finish
+            usage = ch.get("usage") or usage
+    return content, reasoning, finish, usage, chunks, done
+
+
+def stats(base):
+    return httpx.get(base.removesuffix("/v1") + "/stats", timeout=5).json()
+
+
+def wait_for(pred, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_vocabulary_and_help():
+    assert len(VOCAB) == len(set(VOCAB)) == 200 and all(w.isalpha() for w in VOCAB)
+    r = subprocess.run([sys.executable, str(mock_server.ENTRY), "--help"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 0 and "--tokens-per-s" in r.stdout and "--outage-at" in r.stdout
+
+
+def test_health_models_and_start_line(tmp_path):
+    proc, base = spawn(["--model", "a", "--model", "b"], tmp_path)
+    try:
+        assert base.startswith("http://127.0.0.1:") and base.endswith("/v1")
+        assert httpx.get(base.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+        models = httpx.get(f"{base}/models").json()
+        assert models["object"] == "list"
+        assert [(m["id"], m["object"], m["owned_by"]) for m in models["data"]] == [
+            ("a", "model", "mock"), ("b", "model", "mock")]
+        assert chat(base, model="b").status_code == 200
+    finally:
+        assert stop(proc) == 0
+    assert f"mock_server listening on {base} model=a,b" in proc.log_path.read_text()
+
+
+def test_non_stream_content_and_usage(default_server):
+    r = chat(default_server)
+    assert r.status_code == 200
+    data = r.json()
+    assert data["object"] == "chat.completion" and data["model"] == "mock-model"
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    msg = choice["message"]
+    assert msg["role"] == "assistant" and "reasoning_content" not in msg
+    words = msg["content"].split(" ")
+    assert len(words) == 64 and all(w in VOCAB for w in words)
+    assert data["usage"] == {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 64,
+                             "total_tokens": PROMPT_TOKENS + 64}
+    assert chat(default_server).json()["choices"][0]["message"]["content"] == msg["content"]  # deterministic
+    other = chat(default_server, messages=[{"role": "user", "content": "something else"}]).json()
+    assert other["choices"][0]["message"]["content"] != msg["content"]
+
+
+def test_stream_matches_non_stream(default_server):
+    expected = chat(default_server).json()
+    content, reasoning, finish, usage, chunks, done = stream_chat(
+        default_server, stream_options={"include_usage": True})
+    assert done and not reasoning and finish == "stop"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert len({ch["id"] for ch in chunks}) == 1
+    assert len(chunks) == 1 + 64 + 1 + 1  # role, one per token, finish, usage
+    assert chunks[-2]["choices"][0]["delta"] == {} and chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and usage == expected["usage"]
+    assert content == expected["choices"][0]["message"]["content"]
+    # without include_usage: no usage chunk
+    _, _, _, usage, chunks, done = stream_chat(default_server)
+    assert done and usage is None and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_max_tokens_clipping(default_server):
+    full = chat(default_server).json()["choices"][0]["message"]["content"]
+    for key in ("max_tokens", "max_completion_tokens"):
+        data = chat(default_server, **{key: 5}).json()
+        assert data["choices"][0]["finish_reason"] == "length"
+        assert data["usage"]["completion_tokens"] == 5
+        assert data["choices"][0]["message"]["content"] == " ".join(full.split()[:5])
+    content, _, finish, usage, _, _ = stream_chat(default_server, max_tokens=5,
+                                                  stream_options={"include_usage": True})
+    assert finish == "length" and usage["completion_tokens"] == 5 and len(content.split()) == 5
+    data = chat(default_server, max_tokens=64).json()  # exactly the natural length: not clipped
+    assert data["choices"][0]["finish_reason"] == "stop"
+    assert chat(default_server, max_tokens=0).status_code == 400
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_share(server, field):
+    base = server("--mean-tokens", 20, "--reasoning-share", 0.25, "--reasoning-field", field)
+    data = chat(base).json()
+    msg = data["choices"][0]["message"]
+    assert len(msg[field].split()) == 5 and len(msg["content"].split()) == 15
+    assert data["usage"]["completion_tokens"] == 20
+    assert data["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+    content, reasoning, finish, usage, _, _ = stream_chat(base, stream_options={"include_usage": True})
+    assert reasoning == {field: msg[field]} and content == msg["content"] and usage == data["usage"]
+    clipped = chat(base, max_tokens=3).json()  # clipped inside the reasoning: no content yet
+    assert clipped["choices"][0]["message"]["content"] == ""
+    assert clipped["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+
+
+def test_lognormal_mean(server):
+    base = server("--length-dist", "lognormal", "--mean-tokens", 64, "--sigma", 0.8, "--seed", 3)
+
+    async def run():  # httpx's CPU per request grows with the pool size; 10 connections keep this fast
+        limits = httpx.Limits(max_connections=10, max_keepalive_connections=10)
+        async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+            async def one(i):
+                body = {"model": "mock-model", "messages": [{"role": "user", "content": f"prompt {i}"}]}
+                if i % 2:
+                    body.update(stream=True, stream_options={"include_usage": True})
+                    usage = None
+                    async with client.stream("POST", "/chat/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: {"):
+                                usage = json.loads(line[6:]).get("usage") or usage
+                    return usage["completion_tokens"]
+                r = await client.post("/chat/completions", json=body)
+                return r.json()["usage"]["completion_tokens"]
+
+            return await asyncio.gather(*(one(i) for i in range(400)))
+
+    lengths = asyncio.run(run())
+    mean = sum(lengths) / len(lengths)
+    assert abs(mean - 64) < 0.15 * 64, mean
+    assert min(lengths) >= 1 and len(set(lengths)) > 50
+    st = stats(base)
+    assert st["requests"] == st["completed"] == 400 and st["by_status"] == {"200": 400}
+    assert st["tokens_delivered"] == st["tokens_generated"] == sum(lengths) and st["tokens_abandoned"] == 0
+
+
+def test_150_concurrent_streams(server):
+    base = server("--mean-tokens", 20, "--tokens-per-s", 7, "--sample-interval", 0.1)  # streams last ~2.7 s
+
+    async def run():
+        limits = httpx.Limits(max_connections=150, max_keepalive_connections=150)
+        async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+            async def one(i):
+                n = 0
+                body = {"model": "mock-model", "messages": [{"role": "user", "content": f"p{i}"}], "stream": True}
+                async with client.stream("POST", "/chat/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        n += line.startswith('data: {') and '"content":"' in line and '"role"' not in line
+                return n
+
+            results = await asyncio.gather(*(one(i) for i in range(150)))
+            st = (await client.get(base.removesuffix("/v1") + "/stats")).json()  # on a kept-alive connection
+            return results, st["connections"]
+
+    results, connections = asyncio.run(run())
+    assert results == [20] * 150 and connections == 150
+    st = stats(base)
+    assert st["completed"] == 150 and st["tokens_delivered"] == 3000
+    assert st["max_active"] == 150, st["timeline"]
+
+
+def test_unknown_model_and_bad_requests(default_server):
+    r = chat(default_server, model="nope")
+    assert r.status_code == 404
+    assert r.json() == {"error": {"message": "The model 'nope' does not exist", "type": "NotFoundError",
+                                  "code": 404}}
+    r = httpx.post(f"{default_server}/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400
+    assert chat(default_server, messages=[]).status_code == 400
+    assert httpx.get(default_server.removesuffix("/v1") + "/nowhere").status_code == 404
+    assert httpx.get(f"{default_server}/chat/completions").status_code == 405
+
+
+def test_context_limit(server):
+    base = server("--context-limit", 100)
+    r = chat(base, max_tokens=100 - PROMPT_TOKENS + 1)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["code"] == 400
+    assert err["message"].startswith("This model's maximum context length is 100 tokens")
+    assert chat(base, max_tokens=100 - PROMPT_TOKENS).status_code == 200
+    # without max_tokens the completion is clipped to what fits
+    data = chat(base, messages=[{"role": "user", "content": "word " * 50}]).json()
+    assert data["usage"]["completion_tokens"] == 100 - 54 and data["choices"][0]["finish_reason"] == "length"
+
+
+def test_fail_429_and_500(server):
+    base = server("--fail-429", 1, "--retry-after", 3)
+    r = chat(base)
+    assert r.status_code == 429 and r.headers["retry-after"] == "3"
+    assert r.json()["error"]["type"] == "RateLimitError"
+    base = server("--fail-500", 1)
+    r = chat(base)
+    assert r.status_code == 500 and r.json()["error"]["code"] == 500
+    assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 200  # faults: chat only
+    st = stats(base)
+    assert st["faults"]["500"] == 1 and st["by_status"] == {"500": 1}
+
+
+def test_fault_mix_is_reproducible(server):
+    args = ("--fail-500", 0.3, "--fail-429", 0.3, "--fault-seed", 11)
+    runs = []
+    for _ in range(2):
+        base = server(*args)
+        with httpx.Client(timeout=5) as c:
+            runs.append([c.post(f"{base}/chat/completions",
+                                json={"model": "mock-model", "messages": MSGS}).status_code for _ in range(30)])
+    assert runs[0] == runs[1] and {200, 429, 500} <= set(runs[0])
+    st = stats(base)
+    assert st["faults"]["500"] == runs[0].count(500) and st["faults"]["429"] == runs[0].count(429)
+
+
+def test_drop_aborts_the_response(server):
+    base = server("--drop", 1, "--mean-tokens", 50)
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        stream_chat(base)
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        chat(base)
+    st = stats(base)
+    assert st["faults"]["drop"] == 2 and st["completed"] == 0 and st["tokens_delivered"] == 0
+    assert st["tokens_abandoned"] == st["tokens_generated"] < 100
+
+
+def test_hang_until_client_gives_up(server):
+    base = server("--hang", 1)
+    t = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        chat(base, timeout=0.3)
+    assert time.monotonic() - t < 2
+    st = stats(base)
+    assert st["faults"]["hang"] == 1 and st["requests"] == 1 and st["by_status"] == {}
+    assert wait_for(lambda: stats(base)["connections"] == 1)  # only the /stats connection is left
+
+
+def test_stats_delivered_and_abandoned(server):
+    base = server("--mean-tokens", 100, "--tokens-per-s", 100, "--sample-interval", 0.05)
+    stream_chat(base, max_tokens=10)
+    st = stats(base)
+    assert st["tokens_delivered"] == st["tokens_generated"] == 10 and st["completed"] == 1
+    # close a stream early
+    with httpx.Client(timeout=10) as client:
+        body = {"model": "mock-model", "messages": MSGS, "stream": True}
+        with client.stream("POST", f"{base}/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(5):
+                next(lines)
+    assert wait_for(lambda: stats(base)["active"] == 0)
+    time.sleep(0.1)
+    st = stats(base)
+    assert st["completed"] == 1 and st["tokens_delivered"] == 10
+    assert 10 < st["tokens_generated"] < 10 + 60
+    assert st["tokens_abandoned"] == st["tokens_generated"] - 10
+    assert st["max_active"] == 1 and 0.05 < st["busy_slot_seconds"] < 1.0
+    assert st["timeline"] and all(len(s) == 2 for s in st["timeline"])
+    assert max(a for _, a in st["timeline"]) <= 1 and st["elapsed_s"] > 0
+    assert httpx.post(base.removesuffix("/v1") + "/stats/reset").status_code == 200
+    st = stats(base)
+    assert st["requests"] == st["tokens_generated"] == st["completed"] == 0
+    assert all(t < 1 for t, _ in st["timeline"])
+
+
+def test_outage_window(server):
+    base = server("--outage-at", 0.6, "--outage-for", 1.0, "--mean-tokens", 1000, "--tokens-per-s", 50)
+    started = time.monotonic()
+    health = base.removesuffix("/v1") + "/health"
+    assert httpx.get(health, timeout=2).status_code == 200
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        stream_chat(base)  # 20 s long; cut off by the outage
+    assert 0.4 < time.monotonic() - started < 1.5
+    time.sleep(max(0.0, started + 0.9 - time.monotonic()))
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(health, timeout=2)
+
+    def up():
+        try:
+            return httpx.get(health, timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    assert wait_for(up, timeout=5)
+    assert time.monotonic() - started >= 1.5
+    assert chat(base, max_tokens=3).status_code == 200
+
+
+def test_slots_limit_concurrency(server):
+    base = server("--slots", 3, "--mean-tokens", 10, "--tokens-per-s", 100, "--sample-interval", 0.02)
+
+    async def run():
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            async def one(i):
+                body = {"model": "mock-model", "messages": [{"role": "user", "content": f"p{i}"}]}
+                return (await client.post("/chat/completions", json=body)).status_code
+
+            return await asyncio.gather(*(one(i) for i in range(12)))
+
+    t = time.monotonic()
+    assert asyncio.run(run()) == [200] * 12
+    assert time.monotonic() - t > 3 * 0.09  # 4 waves of ~0.09 s
+    st = stats(base)
+    assert st["max_active"] == 3 and st["completed"] == 12 and st["slots"] == 3
+    assert max(a for _, a in st["timeline"]) <= 3
+    assert st["busy_slot_seconds"] == pytest.approx(12 * 0.09, rel=0.5)
+
+
+def test_api_key(server):
+    base = server("--api-key-env", "MOCK_TEST_KEY", env={"MOCK_TEST_KEY": "s3cret"})
+    assert chat(base).status_code == 401
+    assert chat(base, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert chat(base, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert httpx.get(f"{base}/models").status_code == 401
+    assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 200
+    r = subprocess.run([sys.executable, str(mock_server.ENTRY), "--api-key-env", "MOCK_UNSET_KEY_XYZ"],
+                       capture_output=True, text=True, timeout=10,
+                       env={k: v for k, v in os.environ.items() if k != "MOCK_UNSET_KEY_XYZ"})
+    assert r.returncode == 2 and "MOCK_UNSET_KEY_XYZ" in r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_writes_stats_file(tmp_path, sig):
+    stats_file = tmp_path / "stats.json"
+    proc, base = spawn(["--stats-file", stats_file, "--mean-tokens", 7], tmp_path)
+    try:
+        assert chat(base).status_code == 200
+        assert chat(base, model="x").status_code == 404
+    finally:
+        proc.send_signal(sig)
+        assert proc.wait(10) == 0
+    st = json.loads(stats_file.read_text())
+    assert st["requests"] == 2 and st["by_status"] == {"200": 1, "404": 1}
+    assert st["tokens_delivered"] == 7 and st["completed"] == 1 and st["active"] == 0
+
+
+def test_ttft_and_token_rate(server):
+    base = server("--ttft-s", 0.3, "--tokens-per-s", 100, "--mean-tokens", 31)
+    t = time.monotonic()
+    first = None
+    with httpx.stream("POST", f"{base}/chat/completions", timeout=10,
+                      json={"model": "mock-model", "messages": MSGS, "stream": True}) as r:
+        for line in r.iter_lines():
+            if first is None and '"content":"' in line and '"role"' not in line:
+                first = time.monotonic() - t
+    total = time.monotonic() - t
+    assert 0.3 <= first < 0.6
+    assert 0.3 + 0.3 <= total < 1.2  # 30 more tokens at 100/s
+    data = chat(base, max_tokens=11).json()  # non-streaming waits for the whole generation too
+    assert data["usage"]["completion_tokens"] == 11
