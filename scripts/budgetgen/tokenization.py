@@ -36,7 +36,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
 
 # apply_chat_template arguments that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {
-    "conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
     "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding", "truncation",
     "max_length", "tokenizer_kwargs", "tools", "documents",
 }
@@ -125,6 +125,25 @@ def _check_options(max_length, chat_template_kwargs):
         raise UserError(f"chat_template_kwargs may not set {', '.join(bad)}")
 
 
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _prepare(conversation):
+    """What apply_chat_template does to plain (JSON) messages: drop None values, alias reasoning."""
+    out = []
+    for m in conversation:
+        if not isinstance(m, dict):
+            raise TypeError(f"chat messages must be dicts, got {m!r}")
+        if None in m.values():
+            m = {k: v for k, v in m.items() if v is not None}
+        for key in _REASONING_FIELDS:
+            if key in m:
+                m = {"thinking": m[key], **m, "reasoning_content": m[key]}
+                break
+        out.append(m)
+    return out
+
+
 class _Encoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
@@ -140,6 +159,7 @@ class _Encoder:
         tokenizer(["x"], add_special_tokens=False)
         self.backend = tokenizer.backend_tokenizer
         self.fast_ok = hasattr(self.backend, "encode_batch_fast")
+        self.direct = self._setup_direct()
 
     def ids(self, texts):
         if not texts:
@@ -152,7 +172,11 @@ class _Encoder:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     def render(self, conversations, add_generation_prompt):
-        """Render the batch in one call; on an error, one by one (failures become None)."""
+        """Render each conversation to text; failures become None (with the first error's text)."""
+        if self.direct is not None:
+            out = self._render_direct(conversations, add_generation_prompt)
+            if out is not None:
+                return out, None
         apply = self.tokenizer.apply_chat_template
         try:
             return apply(conversations, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -168,6 +192,38 @@ class _Encoder:
                 out.append(None)
                 first_error = first_error or f"{type(exc).__name__}: {exc}"
         return out, first_error
+
+    def _setup_direct(self):
+        """The compiled template, to render without apply_chat_template's per-call overhead.
+
+        apply_chat_template deep-copies every conversation into plain data for the sandbox, drops
+        None-valued keys and aliases the reasoning fields; for JSON-loaded messages only the last two
+        change anything, and _prepare does them. A per-batch spot check against apply_chat_template
+        turns this off if it ever renders differently.
+        """
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            template = _compile_jinja_template(self.tokenizer.get_chat_template())
+        except Exception:
+            return None
+        variables = {**self.tokenizer.special_tokens_map, **self.kwargs}
+        return template, variables
+
+    def _render_direct(self, conversations, add_generation_prompt):
+        template, variables = self.direct
+        try:
+            out = [template.render(messages=_prepare(conv), tools=None, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+                   for conv in conversations]
+            check = self.tokenizer.apply_chat_template(
+                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs)[0]
+        except Exception:
+            return None  # apply_chat_template's path sorts out which conversation fails
+        if out[0] != check:
+            self.direct = None
+            return None
+        return out
 
     def encode(self, conversations):
         """Per conversation: (ids truncated to max_length, prompt_len, mask_end) or a skip reason.

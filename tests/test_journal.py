@@ -1,0 +1,119 @@
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from budgetgen import journal
+from budgetgen.errors import UserError
+
+
+def rec(i, tokens=10, content="text"):
+    return {"id": f"r{i}", "messages": [{"role": "user", "content": "q"},
+                                        {"role": "assistant", "content": content}],
+            "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
+                                               "total_tokens": tokens + 3}}
+
+
+def write(path, records):
+    w = journal.JournalWriter(path)
+    for r in records:
+        w.append(r)
+    w.close()
+
+
+def test_encode_puts_id_first_and_usage_last():
+    line = journal.encode_record({"usage": {"completion_tokens": 1}, "x": 1, "id": "a"})
+    assert list(json.loads(line)) == ["id", "x", "usage"]
+    assert line.endswith("\n") and line.count("\n") == 1
+
+
+def test_fast_parse_agrees_with_full_parse_even_with_tricky_content(tmp_path):
+    tricky = 'he said "usage": {"completion_tokens": 999} \\ \n and "id": "x"'
+    line = journal.encode_record(rec('we"ird\\id', tokens=7, content=tricky))
+    fast = journal.parse_line_fast(line)
+    full = journal.parse_line(line, "x:1")
+    assert fast == (full[0], full[1]) == ('rwe"ird\\id', 7)
+
+
+def test_scan_counts_tokens_and_ids(tmp_path):
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(i, tokens=i) for i in range(1, 11)])
+    st = journal.scan(p)
+    assert st.records == 10 and st.tokens == 55 and st.ids == {f"r{i}" for i in range(1, 11)}
+    assert st.lengths == list(range(1, 11))
+
+
+def test_torn_tail_is_repaired_and_whole_records_kept(tmp_path):
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(i) for i in range(3)])
+    with open(p, "ab") as f:
+        f.write(journal.encode_record(rec(99)).encode()[:25])  # a crash mid-record
+    before = journal.scan(p)
+    assert before.records == 3  # the torn record is never counted
+    st = journal.scan(p, repair=True)
+    assert st.repaired_bytes == 25 and st.records == 3
+    assert p.read_bytes().endswith(b"\n")
+    write(p, [rec(99)])  # appending after the repair yields whole lines only
+    assert [json.loads(x)["id"] for x in p.read_text().splitlines()] == ["r0", "r1", "r2", "r99"]
+
+
+def test_repair_of_a_file_that_is_one_torn_line(tmp_path):
+    p = tmp_path / "j.jsonl"
+    p.write_bytes(b'{"id": "half')
+    assert journal.repair_tail(p) == 12 and p.read_bytes() == b""
+
+
+def test_duplicate_ids_are_counted_once(tmp_path):
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(1, 10), rec(2, 20), rec(1, 10)])
+    st = journal.scan(p)
+    assert st.records == 2 and st.tokens == 30 and st.duplicates == 1
+    assert [r["id"] for _, r in journal.iter_records(p)] == ["r1", "r2"]
+
+
+def test_corrupt_whole_line_is_an_error_naming_file_and_line(tmp_path):
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(1)])
+    with open(p, "a") as f:
+        f.write("not json at all\n")
+    with pytest.raises(UserError, match=rf"{p}:2: corrupt journal record"):
+        journal.scan(p)
+
+
+def test_missing_journal_is_empty(tmp_path):
+    st = journal.scan(tmp_path / "none.jsonl")
+    assert st.records == 0 and st.tokens == 0
+    assert list(journal.iter_records(tmp_path / "none.jsonl")) == []
+
+
+def _hold_lock(path, ready, release):
+    lock = journal.JournalLock(path).acquire()
+    ready.set()
+    release.wait(10)
+    lock.release()
+
+
+def test_lock_refuses_a_second_writer_with_a_clear_error(tmp_path):
+    p = tmp_path / "j.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(p), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(20)
+        with pytest.raises(UserError, match=rf"another inference process \(pid {holder.pid}\)"):
+            journal.JournalLock(p).acquire()
+    finally:
+        release.set()
+        holder.join(10)
+    journal.JournalLock(p).acquire().release()  # free again once the holder is gone
+
+
+def test_append_is_one_whole_line_per_record(tmp_path):
+    p = tmp_path / "j.jsonl"
+    big = "x" * 3_000_000
+    write(p, [rec(1, content=big), rec(2)])
+    lines = p.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["messages"][1]["content"] == big
+    assert os.path.getsize(p) > 3_000_000
