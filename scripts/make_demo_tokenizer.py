@@ -24,7 +24,8 @@ def parse_args(argv):
     ap.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (save_pretrained layout)")
     ap.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="text files to train on")
     ap.add_argument("--vocab-size", type=int, default=2048, help="BPE vocabulary size (default 2048)")
-    ap.add_argument("--template", default="chatml", choices=sorted(TEMPLATES), help="chat template (default chatml)")
+    ap.add_argument("--template", default="chatml", choices=sorted(TEMPLATES),
+                    help="chat template (default chatml)")
     ap.add_argument("--force", action="store_true", help="rebuild even if OUT_DIR/tokenizer.json exists")
     return ap.parse_args(argv)
 
@@ -51,7 +52,8 @@ def main(argv=None):
         print(f"tokenizer exists: {out_dir} (use --force to rebuild)")
         return 0
     if args.vocab_size < 300:
-        raise UserError(f"--vocab-size must be at least 300 (256 bytes + special tokens), got {args.vocab_size}")
+        raise UserError(f"--vocab-size must be at least 300 (256 bytes + special tokens), "
+                        f"got {args.vocab_size}")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"{out_dir}: exists and is not a folder")
     texts = read_corpus(args.corpus)

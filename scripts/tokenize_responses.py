@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from budgetgen.errors import UserError, run_main
+from budgetgen.errors import UserError, entry_point
 
 
 def parse_args(argv):
@@ -54,5 +54,11 @@ def main(argv=None):
     return 0
 
 
+def argv_from_snakemake(smk):
+    p = smk.params
+    return ["--input", smk.input[0], "--output", smk.output[0], "--tokenizer", p.tokenizer,
+            "--max-length", p.max_length, "--processes", smk.threads, "--chat-template-kwargs", p.chat_template_kwargs]
+
+
 if __name__ == "__main__":
-    run_main(main, sys.argv[1:])
+    entry_point(main, argv_from_snakemake, globals())

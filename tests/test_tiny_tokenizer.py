@@ -46,8 +46,10 @@ def toks(tmp_path_factory):
 def test_chatml_renders_like_the_notes(toks):
     text = toks["chatml"].apply_chat_template(CONV, tokenize=False, add_generation_prompt=True)
     assert text == (
-        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\ndef add(a, b): return a + b<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\nthink about it\n</think>\n\nok<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n"
+        "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\ndef add(a, b): return a + b<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nthink about it\n</think>\n\nok<|im_end|>\n"
+        "<|im_start|>user\nagain<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
     no_think = toks["chatml"].apply_chat_template(CONV, tokenize=False, add_generation_prompt=True,
@@ -119,7 +121,8 @@ def test_unknown_template(tmp_path):
 
 def run_cli(*args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_make_demo_tokenizer_cli(tmp_path):
@@ -130,7 +133,8 @@ def test_make_demo_tokenizer_cli(tmp_path):
     extra.write_text("More words for the corpus: speculative decoding, acceptance rate.\n")
     one, two = tmp_path / "one", tmp_path / "two"
     for out in (one, two):
-        proc = run_cli(str(out), "--corpus", str(corpus), str(extra), "--vocab-size", "600", "--template", "llama3")
+        proc = run_cli(str(out), "--corpus", str(corpus), str(extra), "--vocab-size", "600",
+                       "--template", "llama3")
         assert proc.returncode == 0, proc.stderr
         assert "tokenizer written" in proc.stdout
     assert (one / "tokenizer.json").read_bytes() == (two / "tokenizer.json").read_bytes()

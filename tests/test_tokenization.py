@@ -53,7 +53,8 @@ Unicode text: café, naïve, Zürich, 東京, привет, emoji 🙂.
 SYSTEM = {"role": "system", "content": "You are a terse assistant."}
 USER1 = {"role": "user", "content": "What is the capital of France?"}
 USER2 = {"role": "user", "content": "And how many legs does a spider have?"}
-ASSIST_EARLIER = {"role": "assistant", "content": "Paris.", "reasoning_content": "earlier reasoning about France"}
+ASSIST_EARLIER = {"role": "assistant", "content": "Paris.",
+                  "reasoning_content": "earlier reasoning about France"}
 R_FINAL = "The user asks about spiders.\nSpiders have eight legs."
 C_FINAL = "A spider has eight legs."
 
@@ -74,7 +75,8 @@ def conversation(multi, reasoning):
     return [USER2, final(reasoning)]
 
 
-CASES = [(t, multi, reasoning) for t in sorted(TEMPLATES) for multi in (False, True) for reasoning in (False, True)]
+CASES = [(t, multi, reasoning)
+         for t in sorted(TEMPLATES) for multi in (False, True) for reasoning in (False, True)]
 
 
 @pytest.fixture(scope="session")
@@ -139,12 +141,44 @@ def test_earlier_reasoning_kept_by_chatml_stripped_by_qwen3_strip(toks):
 def test_batch_equals_per_conversation_apply_chat_template(toks):
     convs = [conversation(m, r) for m in (False, True) for r in (False, True)]
     convs.append([USER1, {"role": "assistant", "content": ""}])
-    convs.append([{"role": "user", "content": [{"type": "text", "text": "parts"}, {"type": "text", "text": " two"}]},
+    parts = [{"type": "text", "text": "parts"}, {"type": "text", "text": " two"}]
+    convs.append([{"role": "user", "content": parts},
                   {"role": "assistant", "content": "ok", "reasoning_content": "r"}])
     for template, tok in toks.items():
         results = encode_batch(tok, convs, max_length=4096)
         for conv, (ids, _) in zip(convs, results):
             assert ids == tok.apply_chat_template(conv, tokenize=True)["input_ids"], template
+
+
+def test_none_values_and_reasoning_aliases_render_like_apply_chat_template(toks):
+    convs = [
+        [{"role": "user", "content": "hi", "name": None},
+         {"role": "assistant", "content": None, "reasoning": "only reasoning"}],
+        [{"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "ok", "thinking": "thought", "tool_calls": None}],
+        [{"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "ok", "reasoning_content": None}],
+    ]
+    for template, tok in toks.items():
+        results = encode_batch(tok, convs, max_length=4096)
+        for conv, (ids, _) in zip(convs, results):
+            assert ids == tok.apply_chat_template(conv)["input_ids"], template
+        assert "only reasoning" in decode(tok, results[0][0])
+
+
+def test_direct_render_falls_back_when_it_disagrees(toks, monkeypatch):
+    from budgetgen import tokenization
+
+    tok = toks["chatml"]
+    convs = [conversation(m, r) for m in (False, True) for r in (False, True)]
+    expected = encode_batch(tok, convs, max_length=4096)
+    # A broken shortcut (reasoning aliasing lost) must be caught by the spot check, not written out.
+    monkeypatch.setattr(tokenization, "_prepare", lambda conv: [{"role": "user", "content": "wrong"}])
+    encoder = tokenization._Encoder(tok, 4096)
+    results, _ = encoder.encode(convs)
+    assert encoder.direct is None
+    assert [(ids, lp, end) for ids, lp, end in results] == [
+        (ids, mask.index(1), len(mask) - mask[::-1].index(1)) for ids, mask in expected]
 
 
 def test_empty_assistant_turn_supervises_end_of_turn(toks):
@@ -203,7 +237,8 @@ def test_no_end_of_turn_token_masks_the_whole_span(tok_dirs):
 def test_template_error_is_a_skip(tok_dirs):
     tok = load_tokenizer(tok_dirs["chatml"])
     tok.chat_template = (
-        "{%- for m in messages -%}{%- if m['content'] == 'boom' -%}{{- raise_exception('no boom') -}}{%- endif -%}"
+        "{%- for m in messages -%}"
+        "{%- if m['content'] == 'boom' -%}{{- raise_exception('no boom') -}}{%- endif -%}"
         "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     )
@@ -273,7 +308,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
     assert logs[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
 
     ds = datasets.Dataset.from_file(out)
-    assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised", "finish_reason"]
+    assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised",
+                               "finish_reason"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
     row = ds[3]
@@ -316,7 +352,8 @@ def test_tokenize_file_chat_template_kwargs(tmp_path, tok_dirs):
     raw.write_text("\n".join(json.dumps(record(i, conversation(False, i == 1))) for i in range(3)) + "\n")
     out = str(tmp_path / "t.arrow")
     logs = []
-    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 512, chat_template_kwargs={"enable_thinking": False},
+    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 512,
+                          chat_template_kwargs={"enable_thinking": False},
                           log=logs.append)
     assert stats["rows"] == 2 and stats["skipped"] == {PROMPT_NOT_PREFIX: 1}
     assert logs[-1] == "Tokenized: 2 (1 skipped: prompt_not_prefix=1)"
@@ -380,7 +417,9 @@ def test_load_tokenizer_errors(tmp_path, toks):
     toks["chatml"].backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
     from transformers import PreTrainedTokenizerFast
 
-    PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), eos_token="<|im_end|>").save_pretrained(plain)
+    no_template = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"),
+                                          eos_token="<|im_end|>")
+    no_template.save_pretrained(plain)
     with pytest.raises(UserError, match="has no chat template"):
         load_tokenizer(str(plain))
     with pytest.raises(UserError, match="no-such-tokenizer"):
@@ -398,7 +437,8 @@ def test_format_summary():
 
 def run_cli(*args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def test_cli(tmp_path, raw_file, tok_dirs):

@@ -140,7 +140,8 @@ def build_tokenizer(out_dir, texts, vocab_size=2048, template="chatml"):
         eos_token=eos,
         pad_token="<|endoftext|>",
         unk_token=None,
-        additional_special_tokens=[t for t in specials if t not in (eos, "<|endoftext|>", extra["bos_token"])],
+        additional_special_tokens=[t for t in specials
+                                   if t not in (eos, "<|endoftext|>", extra["bos_token"])],
         chat_template=TEMPLATES[template],
         model_max_length=1 << 20,
         clean_up_tokenization_spaces=False,

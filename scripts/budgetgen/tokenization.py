@@ -36,7 +36,8 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
 
 # apply_chat_template arguments that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {
-    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+    "conversation", "messages", "tokenize", "add_generation_prompt", "continue_final_message",
+    "chat_template",
     "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding", "truncation",
     "max_length", "tokenizer_kwargs", "tools", "documents",
 }
@@ -217,7 +218,8 @@ class _Encoder:
                                    add_generation_prompt=add_generation_prompt, **variables)
                    for conv in conversations]
             check = self.tokenizer.apply_chat_template(
-                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs)[0]
+                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt,
+                **self.kwargs)[0]
         except Exception:
             return None  # apply_chat_template's path sorts out which conversation fails
         if out[0] != check:
@@ -347,7 +349,8 @@ def _encode_chunk(encoder, chunk, input_path):
     values = np.fromiter(itertools.chain.from_iterable(r[0] for r in rows), dtype=np.int32, count=total)
     position = np.arange(total, dtype=np.int64)
     starts = offsets[:-1]
-    mask = (position >= np.repeat(starts + prompt_len, lengths)) & (position < np.repeat(starts + mask_end, lengths))
+    mask = ((position >= np.repeat(starts + prompt_len, lengths))
+            & (position < np.repeat(starts + mask_end, lengths)))
     offsets32 = pa.array(offsets.astype(np.int32))
     supervised = mask_end - prompt_len
     schema = _schema()
