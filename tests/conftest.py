@@ -140,10 +140,15 @@ def planned_jobs(output):
 
 def planned_inference(output):
     """Datasets with an inference job in a dry-run's listing."""
+    import re
+
     found, current = set(), None
     for line in output.splitlines():
         s = line.strip()
-        if s.startswith("rule ") or s.startswith("localrule "):
+        m = re.match(r"Job \d+: inference (\S+): ", s)  # the rule's message: line
+        if m:
+            found.add(m.group(1))
+        elif s.startswith("rule ") or s.startswith("localrule "):
             current = s.split()[1].rstrip(":")
         elif s.startswith("wildcards:") and current == "inference":
             found.add(s.split("dataset=")[1].split(",")[0].strip())

@@ -56,10 +56,12 @@ def test_dry_run_lists_only_unfinished_dataset_and_budget_raise_resumes(tmp_path
     fresh = wf.run("-n", "all")
     assert planned_inference(fresh.output) == {"B1", "B2", "B3"}  # fresh tree: no <TBD> hiding them
     wf.run("--cores", "2", "all")
-    # B3 half done, as a crash leaves it: a partial journal and no done marker
+    # B3 half done, as a crash mid-inference leaves it: a partial journal, no done marker and
+    # no final files yet
     lines = wf.journal_lines("B3")
     wf.path("results", "B3", "journal.jsonl").write_text("".join(lines[: len(lines) // 2]))
-    wf.path("results", "B3", "inference.done").unlink()
+    for name in ("inference.done", "raw_responses.jsonl", "tokenized.arrow"):
+        wf.path("results", "B3", name).unlink()
     dry = wf.run("-n", "all")
     assert planned_inference(dry.output) == {"B3"}
     assert planned_jobs(dry.output).get("inference") == 1
