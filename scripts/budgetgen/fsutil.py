@@ -7,30 +7,9 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def atomic_output(path, mode="w", encoding="utf-8"):
-    """Yield a file object; on success the data appears at `path` whole, or not at all."""
-    path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(directory)
-
-
-@contextmanager
 def atomic_path(path):
-    """Yield a temporary path next to `path` for tools that write files themselves (e.g. Arrow)."""
+    """Yield a temporary path next to `path`; on success it is fsynced and renamed over `path`,
+    so readers see the old file or the whole new one, never a part. On error it is removed."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
@@ -48,6 +27,14 @@ def atomic_path(path):
             pass
         raise
     fsync_dir(directory)
+
+
+@contextmanager
+def atomic_output(path, mode="w", encoding="utf-8"):
+    """Yield an open file; on success its data appears at `path` whole, or not at all."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+            yield f
 
 
 def write_json_atomic(path, obj):

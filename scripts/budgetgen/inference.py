@@ -210,9 +210,16 @@ class InferenceJob:
                 f"queued {len(self.queue)}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
 
     async def progress_loop(self):
+        # Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
+        # covers a quiet spell after the last one.
+        tick = min(self.s.progress_interval_s, 2.0)
+        last_line = time.monotonic()
         while True:
-            await asyncio.sleep(self.s.progress_interval_s)
-            self.log(self.progress_line())
+            await asyncio.sleep(tick)
+            self.writer.sync()
+            if time.monotonic() - last_line >= self.s.progress_interval_s - 1e-3:
+                last_line = time.monotonic()
+                self.log(self.progress_line())
 
     # -- main loop -----------------------------------------------------------------------
     def _on_signal(self, signum):
