@@ -5,6 +5,9 @@ import os
 import tempfile
 from contextlib import contextmanager
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextmanager
 def atomic_path(path):
@@ -14,6 +17,7 @@ def atomic_path(path):
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide outputs from the rest of a team
     os.close(fd)
     try:
         yield tmp
