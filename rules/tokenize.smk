@@ -9,6 +9,7 @@ rule tokenize:
     params:
         tokenizer=config["tokenizer"]["path"],
         max_length=config["tokenizer"]["max_length"],
+        allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
         chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     threads: config["tokenizer"]["processes"]
     log:

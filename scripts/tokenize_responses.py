@@ -27,6 +27,8 @@ def parse_args(argv):
     ap.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                     help='extra template variables, e.g. \'{"enable_thinking": false}\'')
     ap.add_argument("--batch-size", type=int, default=512, help="conversations per batch (default 512)")
+    ap.add_argument("--allow-mixed-settings", action="store_true",
+                    help="tokenize responses generated with different content settings together")
     return ap.parse_args(argv)
 
 
@@ -50,14 +52,16 @@ def main(argv=None):
 
     tokenize_file(args.input, args.output, args.tokenizer, args.max_length, processes=args.processes,
                   chat_template_kwargs=kwargs, batch_size=args.batch_size,
+                  allow_mixed_settings=args.allow_mixed_settings,
                   log=lambda msg: print(msg, flush=True))
     return 0
 
 
 def argv_from_snakemake(smk):
     p = smk.params
-    return ["--input", smk.input[0], "--output", smk.output[0], "--tokenizer", p.tokenizer,
+    argv = ["--input", smk.input[0], "--output", smk.output[0], "--tokenizer", p.tokenizer,
             "--max-length", p.max_length, "--processes", smk.threads, "--chat-template-kwargs", p.chat_template_kwargs]
+    return argv + (["--allow-mixed-settings"] if p.allow_mixed_settings else [])
 
 
 if __name__ == "__main__":

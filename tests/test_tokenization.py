@@ -325,6 +325,10 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
     assert table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
     assert table.schema.field("num_tokens").type == pa.int32()
+    provenance = {k: meta.pop(k) for k in ("generation_settings", "tokenizer_sha256", "packages")}
+    assert provenance["generation_settings"] == [{"records": 40, "params": {"temperature": 0.6},
+                                                  "served_model": None}]
+    assert set(provenance["packages"]) >= {"transformers", "tokenizers", "budgetgen"}
     assert meta == {
         "tokenizer_path": tok_dirs["chatml"],
         "chat_template_sha256": chat_template_sha256(toks["chatml"]),
@@ -459,3 +463,30 @@ def test_cli(tmp_path, raw_file, tok_dirs):
     proc = run_cli("--input", raw_file, "--output", str(out), "--tokenizer", tok_dirs["chatml"],
                    "--max-length", "256", "--chat-template-kwargs", "[1]")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --chat-template-kwargs")
+
+
+def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs):
+    chatml_tokenizer_dir = tok_dirs["chatml"]
+    import json as _json
+
+    from budgetgen.errors import UserError as _UserError
+    from budgetgen.tokenization import tokenize_file as _tokenize_file
+
+    src = tmp_path / "raw.jsonl"
+    with open(src, "w") as f:
+        for i, temp in enumerate([0.7, 0.7, 0.2]):
+            f.write(_json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "yo"}],
+                                 "params": {"model": "m", "temperature": temp}, "served_model": "m",
+                                 "usage": {"completion_tokens": 2}}) + "\n")
+    out = tmp_path / "t.arrow"
+    with pytest.raises(_UserError, match=r"2 different content settings"):
+        _tokenize_file(src, out, chatml_tokenizer_dir, 64, log=lambda m: None)
+    assert not out.exists()
+    _tokenize_file(src, out, chatml_tokenizer_dir, 64, log=lambda m: None, allow_mixed_settings=True)
+    import pyarrow as pa
+
+    with pa.memory_map(str(out)) as f:
+        meta = _json.loads(pa.ipc.open_stream(f).schema.metadata[b"budgetgen"])
+    assert [s["records"] for s in meta["generation_settings"]] == [2, 1]
+    assert meta["tokenizer_sha256"] and meta["packages"]["budgetgen"]

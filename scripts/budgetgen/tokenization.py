@@ -110,6 +110,37 @@ def end_of_turn_ids(tokenizer):
     return tuple(ids)
 
 
+def tokenizer_sha256(path):
+    """Hash of the tokenizer's files (vocab, merges, config, template), for provenance."""
+    h = hashlib.sha256()
+    if os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            if name.startswith("tokenizer") or name.endswith((".jinja", ".json", ".model", ".txt")):
+                full = os.path.join(path, name)
+                if os.path.isfile(full):
+                    h.update(name.encode() + b"\0")
+                    with open(full, "rb") as f:
+                        h.update(f.read())
+    else:
+        h.update(path.encode())
+    return h.hexdigest()
+
+
+def package_versions():
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("transformers", "tokenizers", "pyarrow", "snakemake"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    from . import __version__
+
+    out["budgetgen"] = __version__
+    return out
+
+
 def _check_options(max_length, chat_template_kwargs):
     try:
         ok = not isinstance(max_length, bool) and operator.index(max_length) >= 1
@@ -314,7 +345,15 @@ def _parse_record(line, lineno, input_path):
     finish = record.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise UserError(f"{where}: \"finish_reason\" must be a string")
-    return str(rid), messages, finish
+    return str(rid), messages, finish, _settings_key(record)
+
+
+def _settings_key(record):
+    """The content-affecting settings a response was generated with (its params and the model
+    that served it): journals that mix several would silently mix two data distributions."""
+    params = record.get("params") or {}
+    return json.dumps({"params": params, "served_model": record.get("served_model") or params.get("model")},
+                      sort_keys=True)
 
 
 def _encode_chunk(encoder, chunk, input_path):
@@ -323,17 +362,18 @@ def _encode_chunk(encoder, chunk, input_path):
     import pyarrow as pa
 
     records = [_parse_record(line, lineno, input_path) for lineno, line in chunk]
-    results, error = encoder.encode([messages for _, messages, _ in records])
+    results, error = encoder.encode([r[1] for r in records])
     skipped = Counter()
     kept_ids, kept_finish, rows = [], [], []
-    for (rid, _, finish), res in zip(records, results):
+    for (rid, _, finish, _), res in zip(records, results):
         if isinstance(res, str):
             skipped[res] += 1
         else:
             kept_ids.append(rid)
             kept_finish.append(finish)
             rows.append(res)
-    stats = {"records": len(records), "skipped": dict(skipped), "error": error}
+    stats = {"records": len(records), "skipped": dict(skipped), "error": error,
+             "settings": dict(Counter(r[3] for r in records))}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
@@ -428,7 +468,7 @@ def format_summary(rows, skipped):
 
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
-                  chat_template_kwargs=None, batch_size=512, log=print):
+                  chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens"}.
@@ -451,6 +491,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
     records = 0
     started = last_progress = time.monotonic()
     first_error = None
+    settings = Counter()
     schema = _schema()
 
     with atomic_path(output_path) as tmp:
@@ -475,6 +516,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                         if batch is not None:
                             writer.write_batch(batch)
                         records += stats["records"]
+                        settings.update(stats["settings"])
                         skipped.update(stats["skipped"])
                         for key in totals:
                             totals[key] += stats[key]
@@ -491,7 +533,15 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                     if pool is not None:
                         pool.terminate()
                         pool.join()
+            if len(settings) > 1 and not allow_mixed_settings:
+                kinds = "; ".join(f"{n} x {k}" for k, n in settings.most_common())
+                raise UserError(f"{input_path}: responses were generated with {len(settings)} different "
+                                f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
+                                "(--allow-mixed-settings) to tokenize them together")
             metadata = {
+                "generation_settings": [{"records": n, **json.loads(k)} for k, n in settings.most_common()],
+                "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
+                "packages": package_versions(),
                 "tokenizer_path": tokenizer_path,
                 "chat_template_sha256": template_sha,
                 "chat_template_kwargs": chat_template_kwargs or {},
