@@ -7,6 +7,8 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 SCRIPTS = os.path.join(workflow.basedir, "scripts")
+sys.path.insert(0, SCRIPTS)
+from budgetgen.status import budget_state  # noqa: E402  (the one definition of met/exhausted)
 GENERATION_KEYS = ("token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed",
                    "extra_body", "on_bad_line")
 DATASETS = sorted(config["datasets"])
@@ -82,18 +84,14 @@ def dataset_state(dataset, status):
     if os.path.exists(done_path(dataset)):
         with open(done_path(dataset)) as f:
             done = json.load(f)
-        if done.get("tokens", 0) >= token_budget(dataset):
-            return "met", done
-        if done.get("state") == "exhausted":
-            return "exhausted", done
-        return "partial", done
+        return budget_state(done.get("tokens", 0), token_budget(dataset), done.get("state") == "exhausted"), done
     if status is None:
         return ("partial" if os.path.exists(journal_path(dataset)) else "fresh"), {}
-    if status["tokens"] >= token_budget(dataset):
-        return "met", status
-    if status.get("exhausted") and not prompts_changed_since(dataset, status_path(dataset)):
-        return "exhausted", status
-    return ("partial" if status["tokens"] or os.path.exists(journal_path(dataset)) else "fresh"), status
+    exhausted = bool(status.get("exhausted")) and not prompts_changed_since(dataset, status_path(dataset))
+    state = budget_state(status["tokens"], token_budget(dataset), exhausted)
+    if state == "partial" and not status["tokens"] and not os.path.exists(journal_path(dataset)):
+        state = "fresh"
+    return state, status
 
 
 def prompts_changed_since(dataset, path):

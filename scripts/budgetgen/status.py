@@ -22,3 +22,10 @@ def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line
         "journal_bytes": os.path.getsize(journal_path) if os.path.exists(journal_path) else 0,
         "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def budget_state(tokens, budget, exhausted):
+    """met (tokens >= budget), exhausted (no prompt left, budget not met), or partial."""
+    if tokens >= budget:
+        return "met"
+    return "exhausted" if exhausted else "partial"

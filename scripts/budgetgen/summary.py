@@ -3,6 +3,7 @@
 import os
 
 from . import formats, journal
+from .status import budget_state
 
 COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
            "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows"]
@@ -24,12 +25,7 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
     errors = len(journal.scan(errors_path).ids)
     tokens = sum(lengths)
     lengths.sort()
-    if tokens >= budget:
-        status = "met"
-    elif len(lengths) + errors >= n_prompts:
-        status = "exhausted"
-    else:
-        status = "partial"
+    status = budget_state(tokens, budget, exhausted=len(lengths) + errors >= n_prompts)
     rows = ""
     if tokenized_path and os.path.exists(tokenized_path):
         import pyarrow as pa
