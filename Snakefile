@@ -10,12 +10,16 @@ configfile: "config.yaml"
 validate(config, "schemas/config.schema.yaml")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/status.smk"
 include: "rules/inference.smk"
 include: "rules/finalize.smk"
 include: "rules/tokenize.smk"
 include: "rules/summary.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -24,3 +28,4 @@ rule all:
         expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
         expand("results/{dataset}/budget_status.json", dataset=DATASETS),
         "results/summary.tsv",
+        expand(rules.plots.output, dataset=DATASETS),

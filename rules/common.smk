@@ -9,8 +9,17 @@ from snakemake.exceptions import WorkflowError
 SCRIPTS = os.path.join(workflow.basedir, "scripts")
 sys.path.insert(0, SCRIPTS)
 from budgetgen.status import budget_state  # noqa: E402  (the one definition of met/exhausted)
-GENERATION_KEYS = ("token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed",
-                   "extra_body", "on_bad_line")
+
+GENERATION_KEYS = (
+    "token_budget",
+    "max_tokens",
+    "concurrency",
+    "temperature",
+    "top_p",
+    "seed",
+    "extra_body",
+    "on_bad_line",
+)
 DATASETS = sorted(config["datasets"])
 
 
@@ -61,10 +70,14 @@ def check_config():
         if not os.path.isfile(path):
             raise WorkflowError(f"config key datasets.{ds}.prompts: file not found: {path}")
         if gen(ds, "token_budget") is None:
-            raise WorkflowError(f"config key generation.token_budget (or datasets.{ds}.token_budget) is required")
+            raise WorkflowError(
+                f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
+            )
     env = config["server"].get("api_key_env")
     if env and not os.environ.get(env):
-        print(f"warning: server.api_key_env names {env}, which is not set in this environment", file=sys.stderr)
+        print(
+            f"warning: server.api_key_env names {env}, which is not set in this environment", file=sys.stderr
+        )
 
 
 check_config()
@@ -84,7 +97,10 @@ def dataset_state(dataset, status):
     if os.path.exists(done_path(dataset)):
         with open(done_path(dataset)) as f:
             done = json.load(f)
-        return budget_state(done.get("tokens", 0), token_budget(dataset), done.get("state") == "exhausted"), done
+        return (
+            budget_state(done.get("tokens", 0), token_budget(dataset), done.get("state") == "exhausted"),
+            done,
+        )
     if status is None:
         return ("partial" if os.path.exists(journal_path(dataset)) else "fresh"), {}
     exhausted = bool(status.get("exhausted")) and not prompts_changed_since(dataset, status_path(dataset))
@@ -125,11 +141,17 @@ def print_status_table():
         budget = token_budget(ds)
         rows.append((ds, tokens, budget, max(0, budget - tokens), info.get("responses", 0), state))
     width = max(len("dataset"), *(len(r[0]) for r in rows))
-    lines = [f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"]
+    lines = [
+        f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"
+    ]
     for ds, tokens, budget, left, responses, state in rows:
-        lines.append(f"budgetgen: {ds:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}")
-    lines.append("budgetgen: (token counts as of the last finished job or status check; a running or "
-                 "killed job may have journaled more)")
+        lines.append(
+            f"budgetgen: {ds:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}"
+        )
+    lines.append(
+        "budgetgen: (token counts as of the last finished job or status check; a running or "
+        "killed job may have journaled more)"
+    )
     print("\n".join(lines), file=sys.stderr)
 
 

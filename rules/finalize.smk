@@ -6,11 +6,11 @@ rule finalize:
         raw_responses_input,
     output:
         "results/{dataset}/raw_responses.jsonl",
-    params:
-        journal=lambda wc: journal_path(wc.dataset),
     log:
         "logs/finalize/{dataset}.log",
     conda:
         "../envs/budgetgen.yaml"
+    params:
+        journal=lambda wc: journal_path(wc.dataset),
     script:
         "../scripts/finalize.py"

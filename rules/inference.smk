@@ -11,6 +11,15 @@ rule inference:
         status=ancient("results/{dataset}/budget_status.json"),
     output:
         done="results/{dataset}/inference.done",
+    log:
+        "logs/inference/{dataset}.log",
+    benchmark:
+        "benchmarks/inference/{dataset}.tsv"
+    conda:
+        "../envs/budgetgen.yaml"
+    resources:
+        # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
+        server_slots=lambda wc: gen(wc.dataset, "concurrency"),
     params:
         budget=lambda wc: token_budget(wc.dataset),
         model=config["server"]["model"],
@@ -22,17 +31,8 @@ rule inference:
         on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
         journal=lambda wc: journal_path(wc.dataset),
         errors=lambda wc: errors_path(wc.dataset),
-    resources:
-        # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
-        server_slots=lambda wc: gen(wc.dataset, "concurrency"),
-    log:
-        "logs/inference/{dataset}.log",
-    benchmark:
-        "benchmarks/inference/{dataset}.tsv"
     message:
         "inference {wildcards.dataset}: generating up to a budget of {params.budget} completion tokens "
         "(resumes from {params.journal})"
-    conda:
-        "../envs/budgetgen.yaml"
     script:
         "../scripts/run_inference.py"

@@ -8,15 +8,15 @@
 checkpoint budget_status:
     output:
         "results/{dataset}/budget_status.json",
+    log:
+        "logs/budget_status/{dataset}.log",
+    priority: 100
+    conda:
+        "../envs/budgetgen.yaml"
     params:
         journal=lambda wc: journal_path(wc.dataset),
         errors=lambda wc: errors_path(wc.dataset),
         prompts=lambda wc: prompts_path(wc.dataset),
         on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
-    log:
-        "logs/budget_status/{dataset}.log",
-    conda:
-        "../envs/budgetgen.yaml"
-    priority: 100
     script:
         "../scripts/budget_status.py"

@@ -6,15 +6,15 @@ rule summary:
         raw=expand("results/{dataset}/raw_responses.jsonl", dataset=DATASETS),
         tokenized=expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
     output:
-        "results/summary.tsv",
+        report("results/summary.tsv", caption="../report/summary.rst", category="Summary"),
+    log:
+        "logs/summary.log",
+    conda:
+        "../envs/budgetgen.yaml"
     params:
         datasets=DATASETS,
         budgets=[token_budget(ds) for ds in DATASETS],
         prompts=[prompts_path(ds) for ds in DATASETS],
         errors=[errors_path(ds) for ds in DATASETS],
-    log:
-        "logs/summary.log",
-    conda:
-        "../envs/budgetgen.yaml"
     script:
         "../scripts/summarize.py"

@@ -6,17 +6,17 @@ rule tokenize:
         "results/{dataset}/raw_responses.jsonl",
     output:
         "results/{dataset}/tokenized.arrow",
-    params:
-        tokenizer=config["tokenizer"]["path"],
-        max_length=config["tokenizer"]["max_length"],
-        allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
-        chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
-    threads: config["tokenizer"]["processes"]
     log:
         "logs/tokenize/{dataset}.log",
     benchmark:
         "benchmarks/tokenize/{dataset}.tsv"
     conda:
         "../envs/budgetgen.yaml"
+    threads: config["tokenizer"]["processes"]
+    params:
+        tokenizer=config["tokenizer"]["path"],
+        max_length=config["tokenizer"]["max_length"],
+        allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
+        chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     script:
         "../scripts/tokenize_responses.py"

@@ -10,7 +10,6 @@ the stdlib `tokenize` module.
 
 import argparse
 import json
-import sys
 
 from budgetgen.errors import UserError, entry_point
 

@@ -11,6 +11,7 @@ One module per concern:
   status      budget status of a dataset (the checkpoint's content)
   tokenization chat-template rendering, loss masks, Arrow output
   summary     results/summary.tsv
+  plots       the report's figures of one dataset (data functions + matplotlib drawing)
   mock_server a stdlib OpenAI-compatible server for the demo, tests and benchmarks
 """
 

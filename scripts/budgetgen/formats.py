@@ -315,4 +315,4 @@ def dispatch_order(ids, seed: int) -> list:
 
     Each id's position depends only on (seed, id), so appending prompts never reorders existing ones.
     """
-    return sorted(ids, key=lambda i: (hashlib.sha256(f"{seed}:{i}".encode("utf-8")).hexdigest(), i))
+    return sorted(ids, key=lambda i: (hashlib.sha256(f"{seed}:{i}".encode()).hexdigest(), i))

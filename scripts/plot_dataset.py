@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Draw one dataset's report figures (rule `plots`) from its raw_responses.jsonl: budget bar,
+completion-length histogram with the share cut at max_tokens, reasoning vs answer tokens,
+errors, and throughput over the run. The format of each figure is its extension (.svg, .png)."""
+
+import argparse
+import os
+
+from budgetgen import plots
+from budgetgen.errors import UserError, entry_point
+from budgetgen.summary import dataset_row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", required=True, help="dataset name (figure titles)")
+    ap.add_argument("--raw", required=True, help="results/D/raw_responses.jsonl")
+    ap.add_argument("--prompts", required=True, help="the dataset's prompts file (for the state)")
+    ap.add_argument("--errors", required=True, help="results/D/errors.jsonl (may not exist)")
+    ap.add_argument("--budget", type=int, required=True, help="token budget in completion tokens")
+    ap.add_argument("--max-tokens", type=int, required=True, help="the max_tokens of the requests")
+    for name in plots.FIGURES:
+        ap.add_argument(f"--{name}-figure", metavar="PATH", help=f"write the {name} figure here")
+    a = ap.parse_args(argv)
+    wanted = {name: getattr(a, f"{name}_figure") for name in plots.FIGURES if getattr(a, f"{name}_figure")}
+    if not wanted:
+        ap.error("give at least one --NAME-figure PATH")
+    for path in wanted.values():
+        if os.path.splitext(path)[1].lower() not in (".svg", ".png"):
+            raise UserError(f"{path}: figure format must be .svg or .png")
+    if not os.path.exists(a.raw):
+        raise UserError(f"{a.raw}: raw responses not found")
+    records = plots.load_records(a.raw)
+    error_records = plots.load_records(a.errors)
+    row = dataset_row(a.dataset, a.raw, a.budget, a.prompts, a.errors)
+    for name, path in wanted.items():
+        plots.save(plots.draw(name, a.dataset, records, error_records, row, a.max_tokens), path)
+        print(f"{name} figure -> {path}")
+    return 0
+
+
+def argv_from_snakemake(smk):
+    argv = ["--dataset", smk.wildcards.dataset, "--raw", smk.input.raw, "--prompts", smk.input.prompts,
+            "--errors", smk.params.errors, "--budget", smk.params.budget, "--max-tokens", smk.params.max_tokens]
+    for name in plots.FIGURES:
+        argv += [f"--{name}-figure", smk.output[name]]
+    return argv
+
+
+if __name__ == "__main__":
+    entry_point(main, argv_from_snakemake, globals())
