@@ -10,16 +10,6 @@ SCRIPTS = os.path.join(workflow.basedir, "scripts")
 sys.path.insert(0, SCRIPTS)
 from budgetgen.status import budget_state  # noqa: E402  (the one definition of met/exhausted)
 
-GENERATION_KEYS = (
-    "token_budget",
-    "max_tokens",
-    "concurrency",
-    "temperature",
-    "top_p",
-    "seed",
-    "extra_body",
-    "on_bad_line",
-)
 DATASETS = sorted(config["datasets"])
 
 

@@ -78,9 +78,6 @@ class LengthModel:
         self.n += 1
         self.sum += length
 
-    def mean(self):
-        return self.sum / self.n if self.n else float(self.max_tokens)
-
     def expected_final(self, streamed):
         """Expected final length of a request that has produced `streamed` tokens so far."""
         k = max(0, int(streamed))
@@ -111,9 +108,6 @@ class DispatchPolicy:
         if journaled_tokens >= self.budget:
             return False
         return self.expected_total(journaled_tokens, inflight_streamed) < self.budget
-
-    def remaining(self, journaled_tokens):
-        return max(0, self.budget - journaled_tokens)
 
 
 def overshoot_pct(kept, budget):

@@ -211,22 +211,14 @@ class JournalWriter:
             if n != len(data):  # short write (disk full): undo the partial tail now
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as exc:
-            self._truncate_partial(len(data))
+            try:  # a short write left a torn tail: cut it now, so the file ends on a whole record
+                repair_tail(self.path)
+            except OSError:
+                pass
             raise UserError(f"{self.path}: cannot append to journal ({os.strerror(exc.errno)})") from None
         self._dirty = True
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
             self.sync()
-
-    def _truncate_partial(self, attempted):
-        try:
-            size = os.fstat(self.fd).st_size
-            with open(self.path, "rb") as f:
-                f.seek(max(0, size - attempted))
-                tail = f.read()
-            if tail and not tail.endswith(b"\n"):
-                repair_tail(self.path)
-        except OSError:
-            pass
 
     def sync(self):
         if self._dirty:
