@@ -2,7 +2,9 @@
 
 Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a `choices: []`
 usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). Reasoning is
-`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read.
+`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read. With thinking
+switched off, transformers serve streams the template's "\n\n" separator as reasoning; reasoning that
+is only whitespace is treated as none, so no empty think block is rendered at tokenize time.
 """
 
 import asyncio
@@ -192,5 +194,6 @@ class ChatClient:
         if not usage or "completion_tokens" not in usage:
             # A server that omits usage would make the budget a guess; refuse rather than miscount.
             raise PermanentError(0, f"server at {url} sent no usage.completion_tokens (needs stream_options.include_usage)")
-        return ChatResult(content="".join(content), reasoning="".join(reasoning), finish_reason=finish,
-                          usage=usage, streamed_tokens=streamed, model=model)
+        reasoning_text = "".join(reasoning)
+        return ChatResult(content="".join(content), reasoning=reasoning_text if reasoning_text.strip() else "",
+                          finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model)
