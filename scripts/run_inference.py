@@ -36,6 +36,8 @@ def parse_args(argv):
     ap.add_argument("--startup-wait-s", type=float, default=10.0)
     ap.add_argument("--progress-interval-s", type=float, default=10.0)
     ap.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
+    ap.add_argument("--return-token-ids", action="store_true",
+                    help="ask the server for the generated token ids (vLLM) and journal them")
     return ap.parse_args(argv)
 
 
@@ -52,6 +54,7 @@ def main(argv=None):
         seed=a.seed, extra_body=json.loads(a.extra_body), request_timeout_s=a.request_timeout_s,
         max_retries=a.max_retries, unreachable_deadline_s=a.unreachable_deadline_s,
         startup_wait_s=a.startup_wait_s, progress_interval_s=a.progress_interval_s, on_bad_line=a.on_bad_line,
+        return_token_ids=a.return_token_ids,
     )
     return run(settings, log=log)
 
@@ -71,6 +74,8 @@ def argv_from_snakemake(smk):
     for key in ("request_timeout_s", "max_retries", "unreachable_deadline_s", "startup_wait_s",
                 "progress_interval_s"):
         argv += ["--" + key.replace("_", "-"), server[key]]
+    if server.get("return_token_ids"):
+        argv.append("--return-token-ids")
     return argv
 
 

@@ -69,6 +69,7 @@ class ChatResult:
     streamed_tokens: int
     model: str = ""
     extra: dict = field(default_factory=dict)
+    token_ids: list | None = None  # the generated ids, when asked for and the server sent them
 
 
 def _error_message(body):
@@ -129,8 +130,11 @@ class ChatClient:
             )
         return served
 
-    async def chat(self, messages, params, on_token=None):
+    async def chat(self, messages, params, on_token=None, return_token_ids=False):
         """Stream one chat completion; call on_token(n) as tokens arrive; return ChatResult.
+
+        return_token_ids asks the server for the generated token ids (vLLM's `return_token_ids`:
+        `token_ids` on each choice chunk); they come back in ChatResult.token_ids, else None.
 
         Raises TransientError or PermanentError; anything else is a bug.
         """
@@ -140,8 +144,10 @@ class ChatClient:
             if params.get(k) is not None:
                 body[k] = params[k]
         body.update(params.get("extra_body") or {})
+        if return_token_ids:
+            body["return_token_ids"] = True
         url = f"{self.base_url}/chat/completions"
-        content, reasoning = [], []
+        content, reasoning, token_ids = [], [], []
         finish, usage, streamed, model = None, None, 0, ""
         try:
             async with self.http.stream("POST", url, json=body) as resp:
@@ -184,6 +190,8 @@ class ChatClient:
                             streamed += 1
                             if on_token is not None:
                                 on_token(1)
+                        if choice.get("token_ids"):
+                            token_ids.extend(choice["token_ids"])
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
         except (httpx.TimeoutException, httpx.TransportError) as exc:
@@ -196,4 +204,5 @@ class ChatClient:
             raise PermanentError(0, f"server at {url} sent no usage.completion_tokens (needs stream_options.include_usage)")
         reasoning_text = "".join(reasoning)
         return ChatResult(content="".join(content), reasoning=reasoning_text if reasoning_text.strip() else "",
-                          finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model)
+                          finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model,
+                          token_ids=token_ids if return_token_ids and token_ids else None)

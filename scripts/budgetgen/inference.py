@@ -49,6 +49,7 @@ class Settings:
     startup_wait_s: float = 10.0
     progress_interval_s: float = 10.0
     on_bad_line: str = "error"
+    return_token_ids: bool = False
 
     def request_params(self):
         """The request parameters that affect content; recorded with every response."""
@@ -149,7 +150,8 @@ class InferenceJob:
                 slot[1] += n
 
             try:
-                res = await self.client.chat(messages, self.params, on_token=on_token)
+                res = await self.client.chat(messages, self.params, on_token=on_token,
+                                             return_token_ids=s.return_token_ids)
             except TransientError as exc:
                 self.discarded_tokens += slot[1]
                 kind = str(exc).split(":")[0]
@@ -191,6 +193,7 @@ class InferenceJob:
             "latency_s": round(time.time() - t0, 3),
             "attempts": attempt + 1,
             "usage": res.usage,
+            **({"completion_token_ids": res.token_ids} if res.token_ids else {}),
         })
         self.state.ids.add(prompt.id)
         self.state.tokens += tokens

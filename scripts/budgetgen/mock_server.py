@@ -88,7 +88,7 @@ def prompt_token_count(messages):
 class Plan:
     """The deterministic response to one request: word indices, reasoning count, finish reason."""
 
-    __slots__ = ("words", "n_reasoning", "finish_reason")
+    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids")
 
     def __init__(self, cfg, messages, max_tokens):
         key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
@@ -102,6 +102,7 @@ class Plan:
         self.finish_reason = "length" if n < length else "stop"
         self.n_reasoning = min(n, round(cfg.reasoning_share * length))
         self.words = [rng.randrange(len(VOCAB)) for _ in range(n)]
+        self.token_ids = None  # set when the request asks for them and the server can tokenize
 
     def texts(self):
         """(reasoning, content) as strings."""
@@ -430,6 +431,27 @@ class MockServer:
         self.port = None
         self.chat_counter = 0
         self.stopping = False
+        self.tokenizer = None  # --token-ids-tokenizer, loaded on first use
+
+    def token_ids(self, messages, plan, body):
+        """The generated turn's ids, as the target tokenizer's chat template tokenizes it (what a
+        vLLM server's `return_token_ids` gives when its model produced exactly this text)."""
+        from .tokenization import encode_batch
+
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.token_ids_tokenizer)
+        reasoning, content = plan.texts()
+        assistant = {"role": "assistant", "content": content}
+        if plan.n_reasoning:
+            assistant["reasoning_content"] = reasoning
+        kwargs = body.get("chat_template_kwargs") or None
+        res = encode_batch(self.tokenizer, [messages + [assistant]], 1 << 30, kwargs)[0]
+        if isinstance(res, str):
+            return []
+        ids, mask = res
+        return [t for t, m in zip(ids, mask) if m]
 
     # -- lifecycle
     async def listen(self, port):
@@ -557,6 +579,8 @@ class MockServer:
             drop_after = random.Random(f"{cfg.fault_seed}/{counter}/drop").randrange(len(plan.words))
         stream = bool(body.get("stream"))
         include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+        if body.get("return_token_ids") and cfg.token_ids_tokenizer:
+            plan.token_ids = self.token_ids(messages, plan, body)
 
         await self.slots.acquire(conn)
         job = Job(stats.epoch)
@@ -610,6 +634,8 @@ class MockServer:
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}],
             "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0),
         }
+        if plan.token_ids is not None:
+            payload["choices"][0]["token_ids"] = plan.token_ids
         if drop_after is not None:
             body = json.dumps(payload, **_JSON).encode()
             self.stats.by_status[200] += 1
@@ -628,6 +654,12 @@ class MockServer:
         pre_reasoning = pre + b'"' + self.field + b'":'
         suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
         words, r = plan.words, plan.n_reasoning
+        suffixes = None
+        if plan.token_ids is not None:  # vLLM style: each chunk's choice carries its token ids
+            n, ids = len(words), plan.token_ids
+            cuts = [len(ids) * i // n for i in range(n + 1)]
+            suffixes = [b'},"logprobs":null,"finish_reason":null,"token_ids":'
+                        + json.dumps(ids[cuts[i]:cuts[i + 1]]).encode() + b'}]}\n\n' for i in range(n)]
 
         self.stats.by_status[200] += 1
         conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
@@ -636,10 +668,11 @@ class MockServer:
         async def emit(a, b):
             parts = []
             for i in range(a, b):
+                end = suffix if suffixes is None else suffixes[i]
                 if i < r:
-                    parts.append(pre_reasoning + (_J1 if i else _J0)[words[i]] + suffix)
+                    parts.append(pre_reasoning + (_J1 if i else _J0)[words[i]] + end)
                 else:
-                    parts.append(pre_content + (_J1 if i != r else _J0)[words[i]] + suffix)
+                    parts.append(pre_content + (_J1 if i != r else _J0)[words[i]] + end)
             conn.write(chunk(b"".join(parts)))
             await conn.drain()
 
@@ -737,6 +770,9 @@ def build_parser():
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
     g.add_argument("--reasoning-field", choices=["reasoning_content", "reasoning"], default="reasoning_content",
                    help="field name of reasoning text (vLLM: reasoning)")
+    g.add_argument("--token-ids-tokenizer", metavar="PATH",
+                   help="tokenizer folder: answer `return_token_ids` requests with the generated turn's ids "
+                        "as this tokenizer's chat template tokenizes it (needs transformers)")
     g.add_argument("--context-limit", type=int, default=0,
                    help="400 when prompt_tokens + max_tokens exceeds it; 0 = none (default)")
     g = ap.add_argument_group("timing")

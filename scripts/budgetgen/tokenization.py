@@ -12,6 +12,11 @@ on the ids, not the text); the loss mask is 0 on the prompt, 1 from there throug
 end-of-turn token, and 0 on whatever the template appends after it. Rows are then truncated to
 max_length.
 
+Server token ids: a record with `completion_token_ids` (journaled when server.return_token_ids is on)
+has its generated turn, ids[prompt_len:mask_end], replaced by the server's exact ids (plus the
+template's end-of-turn token when generation was cut before one), so what the model produced is
+trained on without re-tokenization drift; the prompt and the template's tail stay as rendered.
+
 The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), written atomically.
 """
 
@@ -30,6 +35,7 @@ from budgetgen.fsutil import atomic_path
 PROMPT_NOT_PREFIX = "prompt_not_prefix"
 NO_SUPERVISED_TOKENS = "no_supervised_tokens"
 TEMPLATE_ERROR = "template_error"
+SERVER_IDS_OUT_OF_VOCAB = "server_token_ids_out_of_vocab"
 
 # End-of-turn tokens besides the tokenizer's eos token (ChatML, Llama 3).
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
@@ -179,9 +185,11 @@ def _prepare(conversation):
 class _Encoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
-    def __init__(self, tokenizer, max_length, chat_template_kwargs=None):
+    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True):
         _check_options(max_length, chat_template_kwargs)
         self.tokenizer = tokenizer
+        self.use_server_ids = use_server_ids
+        self.vocab_size = len(tokenizer)
         self.max_length = operator.index(max_length)
         self.kwargs = dict(chat_template_kwargs or {})
         self.eot = end_of_turn_ids(tokenizer)
@@ -258,10 +266,11 @@ class _Encoder:
             return None
         return out
 
-    def encode(self, conversations):
+    def encode(self, conversations, server_ids=None):
         """Per conversation: (ids truncated to max_length, prompt_len, mask_end) or a skip reason.
 
-        The loss mask is 1 on ids[prompt_len:mask_end] and 0 elsewhere.
+        The loss mask is 1 on ids[prompt_len:mask_end] and 0 elsewhere. server_ids, if given, holds
+        per conversation the server's generated ids or None (see the module docstring).
         """
         if not conversations:
             return [], None
@@ -275,8 +284,10 @@ class _Encoder:
             for i, f, p in zip(ok, self.ids([full[i] for i in ok]), self.ids([prompt[i] for i in ok])):
                 full_ids[i], prompt_ids[i] = f, p
         max_length, eot = self.max_length, self.eot
+        if server_ids is None or not self.use_server_ids:
+            server_ids = [None] * len(conversations)
         results = []
-        for f, p in zip(full_ids, prompt_ids):
+        for f, p, s in zip(full_ids, prompt_ids, server_ids):
             if f is None:
                 results.append(TEMPLATE_ERROR)
                 continue
@@ -290,6 +301,15 @@ class _Encoder:
                     end = min(end, f.index(e, lp, end) + 1)
                 except ValueError:
                     pass
+            if s:
+                if max(s) >= self.vocab_size or min(s) < 0:
+                    results.append(SERVER_IDS_OUT_OF_VOCAB)
+                    continue
+                generated = list(s)
+                if f[end - 1] in eot and generated[-1] not in eot:  # cut at max_tokens: close the turn
+                    generated.append(f[end - 1])
+                f = f[:lp] + generated + f[end:]
+                end = lp + len(generated)
             if len(f) > max_length:
                 f = f[:max_length]
                 end = min(end, max_length)
@@ -300,14 +320,15 @@ class _Encoder:
         return results, err1 or err2
 
 
-def encode_batch(tokenizer, conversations, max_length, chat_template_kwargs=None):
+def encode_batch(tokenizer, conversations, max_length, chat_template_kwargs=None, server_ids=None):
     """Encode conversations (lists of messages, the last one the generated assistant turn).
 
     Returns, per conversation, (input_ids, loss_mask) as lists of ints, or a skip-reason string
-    ("prompt_not_prefix", "no_supervised_tokens", "template_error").
+    ("prompt_not_prefix", "no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab").
+    server_ids: per conversation the server's generated token ids, or None to render the text.
     """
     encoder = _Encoder(tokenizer, max_length, chat_template_kwargs)
-    results, _ = encoder.encode([list(conv) for conv in conversations])
+    results, _ = encoder.encode([list(conv) for conv in conversations], server_ids)
     out = []
     for res in results:
         if isinstance(res, str):
@@ -345,7 +366,11 @@ def _parse_record(line, lineno, input_path):
     finish = record.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise UserError(f"{where}: \"finish_reason\" must be a string")
-    return str(rid), messages, finish, _settings_key(record)
+    server_ids = record.get("completion_token_ids")
+    if server_ids is not None and (not isinstance(server_ids, list)
+                                   or not all(type(t) is int for t in server_ids)):
+        raise UserError(f"{where}: \"completion_token_ids\" must be a list of integers")
+    return str(rid), messages, finish, _settings_key(record), server_ids
 
 
 def _settings_key(record):
@@ -362,10 +387,10 @@ def _encode_chunk(encoder, chunk, input_path):
     import pyarrow as pa
 
     records = [_parse_record(line, lineno, input_path) for lineno, line in chunk]
-    results, error = encoder.encode([r[1] for r in records])
+    results, error = encoder.encode([r[1] for r in records], [r[4] for r in records])
     skipped = Counter()
     kept_ids, kept_finish, rows = [], [], []
-    for (rid, _, finish, _), res in zip(records, results):
+    for (rid, _, finish, _, _), res in zip(records, results):
         if isinstance(res, str):
             skipped[res] += 1
         else:
@@ -441,7 +466,7 @@ def _cpu_count():
         return os.cpu_count() or 1
 
 
-def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads):
+def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
     # thread pool starts); with one core each, the processes are the only parallelism.
@@ -451,7 +476,7 @@ def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, t
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer = load_tokenizer(tokenizer_path)
-    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs), input_path)
+    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids), input_path)
 
 
 def _worker_encode(chunk):
@@ -468,7 +493,8 @@ def format_summary(rows, skipped):
 
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
-                  chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False):
+                  chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
+                  use_server_token_ids=True):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens"}.
@@ -499,7 +525,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
         try:
             with pa.OSFile(spool, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
                 if processes == 1:
-                    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs)
+                    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_token_ids)
                     results = (_encode_chunk(encoder, chunk, input_path)
                                for chunk in _chunks(input_path, batch_size))
                     pool = None
@@ -509,7 +535,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                     pool = multiprocessing.get_context("spawn").Pool(
                         processes, initializer=_worker_init,
                         initargs=(tokenizer_path, max_length, chat_template_kwargs, input_path,
-                                  _cpu_count() // processes))
+                                  _cpu_count() // processes, use_server_token_ids))
                     results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
                 try:
                     for batch, stats in results:
@@ -546,6 +572,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 "chat_template_sha256": template_sha,
                 "chat_template_kwargs": chat_template_kwargs or {},
                 "max_length": int(max_length),
+                "use_server_token_ids": bool(use_server_token_ids),
                 "rows": totals["rows"],
                 "skipped": dict(sorted(skipped.items())),
             }
