@@ -14,6 +14,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/prompts.smk"
 include: "rules/status.smk"
 include: "rules/inference.smk"
 include: "rules/finalize.smk"

@@ -27,8 +27,24 @@ def token_budget(dataset):
     return int(gen(dataset, "token_budget"))
 
 
+def source_config(dataset):
+    """datasets.D.source (a `datasets` source), or None for a plain prompts file."""
+    return config["datasets"][dataset].get("source")
+
+
 def prompts_path(dataset):
+    """The dataset's prompts.jsonl: its own file, or the one imported from its `source`."""
+    if source_config(dataset) is not None:
+        return f"results/{dataset}/prompts.jsonl"
     return config["datasets"][dataset]["prompts"]
+
+
+def imported_prompts(wildcards):
+    """The imported prompts.jsonl of a `source` dataset (ancient: a re-import reruns nothing by
+    mtime alone), so the status checkpoint can read it; nothing for a plain prompts file."""
+    if source_config(wildcards.dataset) is None:
+        return []
+    return [ancient(prompts_path(wildcards.dataset))]
 
 
 # The journal is deliberately never a declared output: Snakemake deletes declared outputs of
@@ -56,9 +72,14 @@ def chat_template_kwargs(dataset):
 def check_config():
     """Errors a schema cannot express, as one line naming the key."""
     for ds in DATASETS:
-        path = prompts_path(ds)
-        if not os.path.isfile(path):
-            raise WorkflowError(f"config key datasets.{ds}.prompts: file not found: {path}")
+        own, source = config["datasets"][ds], source_config(ds)
+        if ("prompts" in own) == (source is not None):
+            raise WorkflowError(f"config key datasets.{ds}: give exactly one of prompts or source")
+        if source is not None:
+            if not os.path.exists(source["path"]):
+                raise WorkflowError(f"config key datasets.{ds}.source.path: not found: {source['path']}")
+        elif not os.path.isfile(own["prompts"]):
+            raise WorkflowError(f"config key datasets.{ds}.prompts: file not found: {own['prompts']}")
         if gen(ds, "token_budget") is None:
             raise WorkflowError(
                 f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
@@ -101,7 +122,10 @@ def dataset_state(dataset, status):
 
 
 def prompts_changed_since(dataset, path):
-    return os.path.getmtime(prompts_path(dataset)) > os.path.getmtime(path)
+    prompts = prompts_path(dataset)
+    if not os.path.exists(prompts):  # an imported prompts file removed: it will be imported again
+        return True
+    return os.path.getmtime(prompts) > os.path.getmtime(path)
 
 
 def raw_responses_input(wildcards):

@@ -6,6 +6,8 @@
 
 
 checkpoint budget_status:
+    input:
+        imported_prompts,
     output:
         "results/{dataset}/budget_status.json",
     log:

@@ -1,0 +1,93 @@
+"""Prompt sets from Hugging Face `datasets` sources (datasets.D.source) with a column mapping."""
+
+import json
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from budgetgen.errors import UserError
+from budgetgen.formats import load_prompts
+from budgetgen.sources import import_prompts, map_row
+from conftest import Workflow, base_config, planned_jobs
+
+ROWS = [
+    {"uid": f"u{i}", "question": f"question {i}: explain topic {i}", "messages": "not a chat", "lang": "en"}
+    for i in range(6)
+]
+
+
+def test_map_row_renames_and_drops_competing_prompt_fields():
+    out = map_row(ROWS[0], {"prompt": "question", "id": "uid"})
+    assert out == {"prompt": "question 0: explain topic 0", "id": "u0", "lang": "en"}
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "jsonl", "disk", "disk_dict"])
+def test_import_every_local_format(tmp_path, kind):
+    ds = Dataset.from_list(ROWS)
+    path = tmp_path / f"src.{kind}"
+    if kind == "parquet":
+        ds.to_parquet(str(path))
+    elif kind == "arrow":
+        # the Arrow files datasets itself writes (save_to_disk's data files)
+        ds.save_to_disk(str(tmp_path / "saved"))
+        path = next((tmp_path / "saved").glob("*.arrow"))
+    elif kind == "jsonl":
+        ds.to_json(str(path), lines=True)
+    elif kind == "disk":
+        ds.save_to_disk(str(path))
+    else:
+        DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(path))
+    out = tmp_path / "prompts.jsonl"
+    split = "test" if kind == "disk_dict" else "train"
+    n = import_prompts(path, out, split=split, columns={"prompt": "question", "id": "uid"})
+    pset = load_prompts(out)
+    assert n == len(pset.prompts) == (2 if kind == "disk_dict" else 6)
+    assert pset.prompts[1].id == "u1"
+    assert pset.prompts[1].messages == ({"role": "user", "content": "question 1: explain topic 1"},)
+
+
+def test_bad_row_names_the_source_row(tmp_path):
+    rows = [dict(r) for r in ROWS]
+    rows[3]["question"] = ""
+    path = tmp_path / "src.parquet"
+    Dataset.from_list(rows).to_parquet(str(path))
+    with pytest.raises(UserError, match=r"src.parquet: row 4: .*empty"):
+        import_prompts(path, tmp_path / "p.jsonl", columns={"prompt": "question"})
+    assert not (tmp_path / "p.jsonl").exists()  # nothing half-written
+
+
+def test_unknown_column_is_one_line(tmp_path):
+    path = tmp_path / "src.parquet"
+    Dataset.from_list(ROWS).to_parquet(str(path))
+    with pytest.raises(UserError, match=r"no column 'query' \(columns: uid, question, messages, lang\)"):
+        import_prompts(path, tmp_path / "p.jsonl", columns={"prompt": "query"})
+
+
+def test_workflow_with_a_parquet_source(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "20")
+    wf_dir = tmp_path / "work"
+    (wf_dir / "data").mkdir(parents=True)
+    Dataset.from_list(ROWS).to_parquet(str(wf_dir / "data" / "b4.parquet"))
+    source = {"path": "data/b4.parquet", "columns": {"prompt": "question", "id": "uid"}}
+    wf = Workflow(wf_dir, base_config(srv.base_url, tiny_tokenizer, {"B4": {"source": source}},
+                                      token_budget=10**6))
+    dry = wf.run("-n", "all")
+    assert planned_jobs(dry.output).get("import_prompts") == 1
+    wf.run("--cores", "2", "all")
+    raw = wf.records("B4", "raw_responses.jsonl")
+    assert sorted(r["id"] for r in raw) == [f"u{i}" for i in range(6)]
+    assert raw[0]["messages"][0] == {"role": "user", "content": f"question {raw[0]['id'][1:]}: explain topic "
+                                                                f"{raw[0]['id'][1:]}"}
+    status = json.loads(wf.path("results", "B4", "budget_status.json").read_text())
+    assert status["prompts"] == 6
+    assert "Nothing to be done" in wf.run("-n", "all").output
+
+
+def test_prompts_and_source_together_is_a_config_error(tmp_path, tiny_tokenizer):
+    wf_dir = tmp_path / "work"
+    (wf_dir / "p.jsonl").parent.mkdir(parents=True)
+    (wf_dir / "p.jsonl").write_text('{"prompt": "x"}\n')
+    wf = Workflow(wf_dir, base_config("http://127.0.0.1:9/v1", tiny_tokenizer,
+                                      {"X": {"prompts": "p.jsonl", "source": {"path": "p.jsonl"}}}))
+    proc = wf.run("-n", "all", check=False)
+    assert proc.returncode != 0 and "datasets.X: give exactly one of prompts or source" in proc.output
