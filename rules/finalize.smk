@@ -8,6 +8,8 @@ rule finalize:
         "results/{dataset}/raw_responses.jsonl",
     log:
         "logs/finalize/{dataset}.log",
+    benchmark:
+        "benchmarks/finalize/{dataset}.tsv"
     conda:
         "../envs/budgetgen.yaml"
     params:

@@ -12,6 +12,8 @@ checkpoint budget_status:
         "results/{dataset}/budget_status.json",
     log:
         "logs/budget_status/{dataset}.log",
+    benchmark:
+        "benchmarks/budget_status/{dataset}.tsv"
     priority: 100
     conda:
         "../envs/budgetgen.yaml"

@@ -9,6 +9,8 @@ rule summary:
         report("results/summary.tsv", caption="../report/summary.rst", category="Summary"),
     log:
         "logs/summary.log",
+    benchmark:
+        "benchmarks/summary.tsv"
     conda:
         "../envs/budgetgen.yaml"
     params:

@@ -83,3 +83,52 @@ def test_every_rule_uses_a_conda_env_that_installs_the_pinned_requirements():
         for name, spec in conda.items():
             if name.lower() in requirements:
                 assert spec == f"{name}={requirements[name.lower()]}", f"{env_path.name}: {spec}"
+
+
+def rule_blocks():
+    """(file, rule name, body) of every rule and checkpoint in rules/*.smk."""
+    for path in sorted((REPO / "rules").glob("*.smk")):
+        text = path.read_text()
+        starts = [(m.start(), m.group(2)) for m in re.finditer(r"^(rule|checkpoint) (\w+):", text, re.M)]
+        for (start, name), (end, _) in zip(starts, starts[1:] + [(len(text), None)]):
+            yield path.name, name, text[start:end]
+
+
+def test_every_rule_has_log_and_benchmark():
+    blocks = list(rule_blocks())
+    assert len(blocks) >= 7
+    missing = [f"{f}:{name}" for f, name, body in blocks
+               if not re.search(r"^    log:", body, re.M) or not re.search(r"^    benchmark:", body, re.M)]
+    assert not missing, f"rules without log: or benchmark: {missing}"
+
+
+def test_every_script_has_help():
+    scripts = sorted((REPO / "scripts").glob("*.py"))
+    assert len(scripts) >= 8
+    for script in scripts:
+        proc = run(sys.executable, str(script), "--help")
+        assert proc.returncode == 0 and "usage:" in proc.stdout, f"{script.name} --help: {proc.output[-500:]}"
+
+
+def schema_keys(node, prefix):
+    """Dotted config keys the schema defines (dataset-level generation overrides excluded)."""
+    for name, sub in (node.get("properties") or {}).items():
+        if "$ref" in sub and prefix.startswith("datasets."):  # the per-dataset generation overrides
+            continue
+        key = f"{prefix}{name}"
+        yield key
+        yield from schema_keys(sub, key + ".")
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and extra.get("type") == "object" and "properties" in extra:
+        yield from schema_keys(extra, prefix + "NAME.")
+
+
+def test_readme_configuration_reference_matches_the_schema():
+    schema = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
+    keys = {k for k in schema_keys(schema, "") if k.count(".") >= 1}
+    assert keys - documented == set(), "schema keys missing from the README's configuration table"
+    stale = {k for k in documented - keys if "<" not in k}
+    assert stale == set(), "README documents keys the schema does not have"
