@@ -21,6 +21,7 @@ include: "rules/finalize.smk"
 include: "rules/tokenize.smk"
 include: "rules/summary.smk"
 include: "rules/report.smk"
+include: "rules/export.smk"
 
 
 rule all:

@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 SCRIPTS = os.path.join(workflow.basedir, "scripts")
 sys.path.insert(0, SCRIPTS)
 from budgetgen.status import budget_state  # noqa: E402  (the one definition of met/exhausted)
+from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 

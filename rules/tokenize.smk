@@ -15,6 +15,8 @@ rule tokenize:
     threads: config["tokenizer"]["processes"]
     params:
         tokenizer=config["tokenizer"]["path"],
+        # the tokenizer's files (vocab, template): editing them in place reruns tokenize too
+        tokenizer_sha256=tokenizer_sha256(config["tokenizer"]["path"]),
         max_length=config["tokenizer"]["max_length"],
         allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
         use_server_token_ids=config["tokenizer"]["use_server_token_ids"],

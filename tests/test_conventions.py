@@ -98,7 +98,8 @@ def test_every_rule_has_log_and_benchmark():
     blocks = list(rule_blocks())
     assert len(blocks) >= 7
     missing = [f"{f}:{name}" for f, name, body in blocks
-               if not re.search(r"^    log:", body, re.M) or not re.search(r"^    benchmark:", body, re.M)]
+               if re.search(r"^    output:", body, re.M)  # target rules (only inputs) run nothing
+               and not (re.search(r"^    log:", body, re.M) and re.search(r"^    benchmark:", body, re.M))]
     assert not missing, f"rules without log: or benchmark: {missing}"
 
 

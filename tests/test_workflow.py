@@ -176,3 +176,16 @@ def test_config_errors_name_the_key(tmp_path, server, tiny_tokenizer):
     wf.write_config()
     p = wf.run("-n", "all", check=False)
     assert p.returncode != 0 and "'many' is not of type 'integer'" in p.output
+
+
+def test_tokenizer_edited_in_place_reruns_tokenize_only(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "10")
+    tok = tmp_path / "tok"
+    shutil.copytree(tiny_tokenizer, tok)
+    wf = make(tmp_path, srv, tok, {}, {"A": 6}, token_budget=10**6)
+    wf.run("--cores", "2", "all")
+    template = tok / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_start|>", "<|im_start|> "))
+    dry = wf.run("-n", "all")
+    jobs = planned_jobs(dry.output)
+    assert jobs.get("tokenize") == 1 and "inference" not in jobs
