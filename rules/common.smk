@@ -1,4 +1,5 @@
 # Config access, paths and input functions. Every rule goes through these.
+import hashlib
 import json
 import os
 import shlex
@@ -64,6 +65,21 @@ def status_path(dataset):
 
 def done_path(dataset):
     return f"results/{dataset}/inference.done"
+
+
+# Settings that change what a dataset's data is (not how fast or how robustly it is made).
+CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body")
+
+
+def config_sha256(dataset):
+    """Hash of the dataset's content-affecting config, recorded in its tokenized.arrow."""
+    content = {
+        "model": config["server"]["model"],
+        "generation": {k: gen(dataset, k) for k in CONTENT_GENERATION_KEYS},
+        "tokenizer": {k: v for k, v in config["tokenizer"].items() if k != "processes"},
+    }
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def chat_template_kwargs(dataset):

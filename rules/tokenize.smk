@@ -20,6 +20,7 @@ rule tokenize:
         max_length=config["tokenizer"]["max_length"],
         allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
         use_server_token_ids=config["tokenizer"]["use_server_token_ids"],
+        config_sha256=lambda wc: config_sha256(wc.dataset),
         chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     script:
         "../scripts/tokenize_responses.py"

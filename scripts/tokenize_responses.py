@@ -28,6 +28,7 @@ def parse_args(argv):
     ap.add_argument("--batch-size", type=int, default=512, help="conversations per batch (default 512)")
     ap.add_argument("--allow-mixed-settings", action="store_true",
                     help="tokenize responses generated with different content settings together")
+    ap.add_argument("--config-sha256", default=None, help="hash of the content config, for provenance")
     ap.add_argument("--no-server-token-ids", action="store_true",
                     help="re-tokenize the generated text even where the server's token ids were journaled")
     return ap.parse_args(argv)
@@ -54,7 +55,7 @@ def main(argv=None):
     tokenize_file(args.input, args.output, args.tokenizer, args.max_length, processes=args.processes,
                   chat_template_kwargs=kwargs, batch_size=args.batch_size,
                   allow_mixed_settings=args.allow_mixed_settings,
-                  use_server_token_ids=not args.no_server_token_ids,
+                  use_server_token_ids=not args.no_server_token_ids, config_sha256=args.config_sha256,
                   log=lambda msg: print(msg, flush=True))
     return 0
 
@@ -63,6 +64,7 @@ def argv_from_snakemake(smk):
     p = smk.params
     argv = ["--input", smk.input[0], "--output", smk.output[0], "--tokenizer", p.tokenizer,
             "--max-length", p.max_length, "--processes", smk.threads, "--chat-template-kwargs", p.chat_template_kwargs]
+    argv += ["--config-sha256", p.config_sha256]
     argv += ["--allow-mixed-settings"] if p.allow_mixed_settings else []
     return argv + ([] if p.use_server_token_ids else ["--no-server-token-ids"])
 

@@ -94,6 +94,7 @@ def test_workflow_journals_server_ids_and_both_paths_agree(tmp_path, server, tin
     with pa.OSFile(str(wf.path("results", "A", "tokenized.arrow"))) as f:
         meta = json.loads(pa.ipc.open_stream(f).schema.metadata[b"budgetgen"])
     assert meta["use_server_token_ids"] is True
+    assert len(meta["config_sha256"]) == 64  # the workflow records its content config's hash
 
 
 def test_without_the_switch_nothing_is_requested(tmp_path, server, tiny_tokenizer):

@@ -335,6 +335,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "chat_template_kwargs": {},
         "max_length": 512,
         "use_server_token_ids": True,
+        "config_sha256": None,
         "rows": 38,
         "skipped": {NO_SUPERVISED_TOKENS: 2},
     }

@@ -494,7 +494,7 @@ def format_summary(rows, skipped):
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
                   chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
-                  use_server_token_ids=True):
+                  use_server_token_ids=True, config_sha256=None):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens"}.
@@ -573,6 +573,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 "chat_template_kwargs": chat_template_kwargs or {},
                 "max_length": int(max_length),
                 "use_server_token_ids": bool(use_server_token_ids),
+                "config_sha256": config_sha256,
                 "rows": totals["rows"],
                 "skipped": dict(sorted(skipped.items())),
             }
