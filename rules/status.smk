@@ -15,6 +15,8 @@ checkpoint budget_status:
     benchmark:
         "benchmarks/budget_status/{dataset}.tsv"
     priority: 100
+    # seconds of work on the head node: not worth a cluster job (and its queue wait)
+    localrule: True
     conda:
         "../envs/budgetgen.yaml"
     params:

@@ -11,6 +11,8 @@ rule summary:
         "logs/summary.log",
     benchmark:
         "benchmarks/summary.tsv"
+    # one small table, on the head node under a cluster executor
+    localrule: True
     conda:
         "../envs/budgetgen.yaml"
     params:

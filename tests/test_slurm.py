@@ -1,0 +1,196 @@
+"""The workflow through SLURM (snakemake-executor-plugin-slurm) on a real one-node cluster.
+
+The cluster is tests/slurm/cluster.sh's (started by .ci/run, which then sets BUDGETGEN_SLURM=1). Without BUDGETGEN_SLURM=1 the cluster tests are skipped; the dry-runs of the two profiles
+need only the plugin and always run. Every snakemake run is wrapped in `timeout -k`: a SLURM status
+query that never sees a job finish would otherwise hang for ever (see tests/slurm/profile).
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from datasets import Dataset
+
+from conftest import REPO, Workflow, base_config, planned_inference, wait_for, write_prompts
+
+pytestmark = pytest.mark.slow
+
+SLURM_PROFILE = REPO / "profiles" / "slurm"
+TEST_PROFILE = REPO / "tests" / "slurm" / "profile"
+CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)\.")
+
+needs_cluster = pytest.mark.skipif(
+    os.environ.get("BUDGETGEN_SLURM") != "1" or shutil.which("sbatch") is None,
+    reason="no SLURM cluster: run `tests/slurm/cluster.sh start` (root) and set BUDGETGEN_SLURM=1, "
+    "as .ci/run does",
+)
+
+
+def guarded(wf, *args, limit):
+    """snakemake under `timeout -k 30 LIMIT`, never unguarded."""
+    return ["timeout", "-k", "30", str(limit), *wf.cmd(*args)]
+
+
+def slurm_run(wf, *args, limit=300, check=True):
+    proc = subprocess.run(guarded(wf, "--profile", str(TEST_PROFILE), *args, limit=limit), capture_output=True,
+                          text=True, timeout=limit + 60)
+    proc.output = proc.stdout + proc.stderr
+    assert proc.returncode != 124, f"snakemake through SLURM timed out after {limit} s:\n{proc.output[-6000:]}"
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake via SLURM failed ({proc.returncode}):\n{proc.output[-6000:]}")
+    return proc
+
+
+def submissions(output):
+    """{rule: [(slurm job id, log path)]} from the plugin's 'submitted with SLURM jobid' lines."""
+    out = {}
+    for jobid, log in SUBMITTED.findall(output):
+        rule = re.search(r"/rule_([^/]+)/", log).group(1)
+        out.setdefault(rule, []).append((jobid, Path(log)))
+    return out
+
+
+def squeue_states(jobids):
+    """{jobid: state} as the controller still remembers them (MinJobAge=300 s)."""
+    out = subprocess.run(["squeue", "--states=all", "-h", "-o", "%i|%T", "-j", ",".join(jobids)],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return dict(line.split("|") for line in out.split())
+
+
+def scontrol_job(jobid):
+    out = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def make(path, srv, tokenizer, prompts, **gen):
+    for name, n in prompts.items():
+        write_prompts(path / "prompts" / f"{name}.jsonl", n, prefix=name)
+    datasets = {name: {"prompts": f"prompts/{name}.jsonl"} for name in prompts}
+    return Workflow(path, base_config(srv.base_url, tokenizer, datasets, **gen))
+
+
+def content(wf, dataset):
+    """What the server generated, by id: everything of a record but timing and attempts."""
+    recs = wf.records(dataset, "raw_responses.jsonl")
+    return {r["id"]: {k: r[k] for k in ("messages", "finish_reason", "usage", "params")} for r in recs}
+
+
+def test_slurm_profile_dry_run(tmp_path, server, tiny_tokenizer):
+    """`snakemake --profile profiles/slurm -n all` (the users' profile, unedited) plans every job, with
+    every resource expression of the profile evaluated; GPU + signal for inference, CPU for the rest."""
+    srv = server()
+    wf = make(tmp_path / "work", srv, tiny_tokenizer, {"A": 3, "B": 3})
+    proc = subprocess.run(guarded(wf, "--profile", str(SLURM_PROFILE), "-n", "all", limit=120),
+                          capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert planned_inference(out) == {"A", "B"}
+    # (inference's display is its message:, without resources; the real run checks its sbatch call)
+    tokenize = re.search(r"^rule tokenize:\n(?:.*\n)*?\s+resources: (.*)$", out, re.M).group(1)
+    assert "slurm_partition=cpu" in tokenize and "runtime=120" in tokenize and "gres" not in tokenize
+    profile = yaml.safe_load((SLURM_PROFILE / "config.yaml").read_text())
+    inference = profile["set-resources"]["inference"]
+    assert profile["executor"] == "slurm" and profile["slurm-requeue"] and profile["retries"] >= 1
+    assert inference["gres"] == "'gpu:8'" and inference["slurm_extra"] == "'--signal=TERM@120'"
+    assert "cpus_per_task" not in profile["default-resources"]  # it would override every rule's threads
+    # profiles/default wins per key over --profile: it must not set what profiles/slurm sets
+    default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert not set(default) & {"default-resources", "set-resources", "executor", "jobs", "retries"}
+
+
+def test_test_profile_dry_run(tmp_path, server, tiny_tokenizer):
+    srv = server()
+    wf = make(tmp_path / "work", srv, tiny_tokenizer, {"A": 3})
+    proc = subprocess.run(guarded(wf, "--profile", str(TEST_PROFILE), "-n", "all", limit=120),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    assert planned_inference(proc.stdout + proc.stderr) == {"A"}
+
+
+@needs_cluster
+def test_workflow_through_slurm_matches_a_local_run(tmp_path, server, tiny_tokenizer):
+    srv = server("--length-dist", "lognormal", "--mean-tokens", "30", "--reasoning-share", "0.3")
+    prompts = {"A": 12, "B": 8}  # both exhausted (budget 10**6): the same ids whatever the timing
+    cluster = make(tmp_path / "slurm", srv, tiny_tokenizer, prompts, token_budget=10**6)
+    local = make(tmp_path / "local", srv, tiny_tokenizer, prompts, token_budget=10**6)
+    t0 = time.monotonic()
+    proc = slurm_run(cluster, "all", "--verbose")  # --verbose: the plugin logs each sbatch call
+    elapsed = time.monotonic() - t0
+    print(f"SLURM end-to-end: {elapsed:.1f} s")
+    jobs = submissions(proc.output)
+    # every cluster rule went through sbatch, once per dataset; the light ones ran on the head node
+    assert {rule: len(v) for rule, v in jobs.items()} == {"inference": 2, "finalize": 2, "tokenize": 2,
+                                                          "plots": 2}, jobs
+    assert "budget_status" not in jobs and "summary" not in jobs
+    ids = [jobid for v in jobs.values() for jobid, _ in v]
+    assert set(squeue_states(ids).values()) == {"COMPLETED"}
+    for jobid, log in jobs["inference"]:
+        info = scontrol_job(jobid)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0"
+        assert Path(info["WorkDir"]) == cluster.dir
+        assert log.is_file() and log.parent.parent.name == "rule_inference"
+    assert (cluster.dir / "logs" / "slurm" / "rule_inference" / "A").is_dir()
+    calls = [line for line in proc.output.splitlines() if "sbatch call:" in line and "rule_inference" in line]
+    assert len(calls) == 2 and all("--signal=TERM@120" in c and "-p debug" in c for c in calls), calls
+    local.run("--cores", "2", "all")
+    for name, n in prompts.items():
+        via_slurm, here = content(cluster, name), content(local, name)
+        assert len(via_slurm) == n and via_slurm == here
+        a = Dataset.from_file(str(cluster.path("results", name, "tokenized.arrow")))
+        b = Dataset.from_file(str(local.path("results", name, "tokenized.arrow")))
+        assert sorted(zip(a["id"], a["input_ids"])) == sorted(zip(b["id"], b["input_ids"]))
+    assert cluster.path("results", "summary.tsv").read_text() == local.path("results", "summary.tsv").read_text()
+    assert "Nothing to be done" in slurm_run(cluster, "-n", "all").output
+
+
+@needs_cluster
+def test_scancel_mid_inference_then_the_next_run_resumes(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "40", "--tokens-per-s", "40")
+    wf = make(tmp_path / "work", srv, tiny_tokenizer, {"K": 200}, token_budget=1200, concurrency=4)
+    target = "results/K/raw_responses.jsonl"
+    log = open(wf.dir / "snakemake.out", "w")
+    proc = subprocess.Popen(guarded(wf, "--profile", str(TEST_PROFILE), target, limit=300), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "rule_inference" in (wf.dir / "snakemake.out").read_text(), timeout=120,
+                 what="the inference job's submission")
+        [(jobid, _)] = submissions((wf.dir / "snakemake.out").read_text())["inference"]
+        wait_for(lambda: len(wf.journal_lines("K")) >= 4, timeout=120, what="4 journaled responses")
+        subprocess.run(["scancel", jobid], check=True, timeout=60)
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = (wf.dir / "snakemake.out").read_text()
+    assert rc not in (0, 124, 137), out[-6000:]
+    assert f"SLURM-job '{jobid}' failed" in out, out[-6000:]
+    wait_for(lambda: squeue_states([jobid]).get(jobid) == "CANCELLED", timeout=60, what="state CANCELLED")
+    before = wf.journal_lines("K")
+    assert before and not wf.path("results", "K", "inference.done").exists()
+    inference_log = wf.path("logs", "inference", "K.log").read_text()
+    assert "SIGTERM received" in inference_log, inference_log[-3000:]
+    assert len({json.loads(line)["id"] for line in before}) == len(before)
+    tokens_before = sum(json.loads(line)["usage"]["completion_tokens"] for line in before)
+    assert tokens_before < 1200
+    # the next run resumes: the journal's records stay as they were, nothing twice, budget met
+    resumed = slurm_run(wf, target)
+    [(second, _)] = submissions(resumed.output)["inference"]
+    assert second != jobid
+    after = wf.records("K")
+    assert [json.dumps(r) for r in after[: len(before)]] == [json.dumps(json.loads(x)) for x in before]
+    assert len({r["id"] for r in after}) == len(after)
+    raw = wf.records("K", "raw_responses.jsonl")
+    assert sorted(r["id"] for r in raw) == sorted(r["id"] for r in after)
+    assert sum(r["usage"]["completion_tokens"] for r in raw) >= 1200
+    assert f"Resuming: {len(before)} already done" in wf.path("logs", "inference", "K.log").read_text()
+    print(f"scancel after {len(before)} records ({tokens_before} tokens); resumed to {len(after)} records")
