@@ -1,0 +1,60 @@
+"""Shared by every benchmark: timing medians, the mock server, and the result tables.
+
+Each benchmark compares budgetgen against a baseline in the same run and reports ratios (this
+machine is noisy); each prints one Markdown table and writes it to bench/results/<name>.md.
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results"
+sys.path.insert(0, str(REPO / "scripts"))
+
+from budgetgen import mock_server  # noqa: E402
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def timed(fn, *args, **kwargs):
+    """(seconds, result) of one call, wall clock."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, out
+
+
+def start_server(args, workdir):
+    """A mock OpenAI-compatible server on 127.0.0.1 (budgetgen.mock_server); returns (proc, base_url)."""
+    return mock_server.spawn([str(a) for a in args], workdir)
+
+
+def stop_server(proc):
+    mock_server.stop(proc)
+
+
+def markdown_table(headers, rows):
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(name, title, headers, rows, notes=()):
+    """Print the table and write it (with title, notes and the time it was run) to bench/results/NAME.md."""
+    text = f"## {title}\n\n{markdown_table(headers, rows)}\n"
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text += f"\n_run {time.strftime('%Y-%m-%d %H:%M:%S')}_\n"
+    print(text, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.md").write_text(text)
+    return text
