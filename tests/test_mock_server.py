@@ -414,3 +414,21 @@ def test_ttft_and_token_rate(server):
     assert 0.3 + 0.3 <= total < 1.2  # 30 more tokens at 100/s
     data = chat(base, max_tokens=11).json()  # non-streaming waits for the whole generation too
     assert data["usage"]["completion_tokens"] == 11
+
+
+def test_mock_mean_tokens_per_request(server):
+    base = server("--length-dist", "lognormal", "--mean-tokens", 10, "--sigma", 0.5, "--seed", 1)
+
+    def mean_length(**kw):
+        lengths = [chat(base, messages=[{"role": "user", "content": f"p {i}"}], **kw).json()["usage"]
+                   ["completion_tokens"] for i in range(60)]
+        return sum(lengths) / len(lengths)
+
+    assert mean_length() < 15
+    assert 150 < mean_length(mock_mean_tokens=200) < 250
+    assert 150 < mean_length(mock_mean_tokens=200.0, stream=False) < 250
+    fixed = server("--mean-tokens", 10)
+    assert chat(fixed, mock_mean_tokens=33).json()["usage"]["completion_tokens"] == 33
+    for bad in (0, -1, "5", True, None):
+        r = chat(fixed, mock_mean_tokens=bad)
+        assert r.status_code == (200 if bad is None else 400), bad

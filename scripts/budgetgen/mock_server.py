@@ -8,6 +8,10 @@ its length and words come from an rng seeded by the request's messages and --see
 inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server outage). Counters
 are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
 
+A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
+--mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
+dataset with `generation.extra_body`).
+
 `spawn(args, workdir)` starts the server as a subprocess and returns (Popen, base_url) for tests.
 """
 
@@ -90,14 +94,15 @@ class Plan:
 
     __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids")
 
-    def __init__(self, cfg, messages, max_tokens):
+    def __init__(self, cfg, messages, max_tokens, mean_tokens=None):
         key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
         rng = random.Random(int(hashlib.sha256(key.encode()).hexdigest(), 16))
+        mean = cfg.mean_tokens if mean_tokens is None else mean_tokens
         if cfg.length_dist == "lognormal":
-            mu = math.log(cfg.mean_tokens) - cfg.sigma**2 / 2
+            mu = math.log(mean) - cfg.sigma**2 / 2
             length = max(1, round(rng.lognormvariate(mu, cfg.sigma)))
         else:
-            length = max(1, round(cfg.mean_tokens))
+            length = max(1, round(mean))
         n = length if max_tokens is None else min(length, max_tokens)
         self.finish_reason = "length" if n < length else "stop"
         self.n_reasoning = min(n, round(cfg.reasoning_share * length))
@@ -551,6 +556,9 @@ class MockServer:
             max_tokens = body.get("max_tokens")
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
             return fail(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
+        mean_tokens = body.get("mock_mean_tokens")
+        if mean_tokens is not None and (type(mean_tokens) not in (int, float) or not 0 < mean_tokens < math.inf):
+            return fail(400, f"mock_mean_tokens must be a positive number, got {mean_tokens!r}")
         prompt_tokens = prompt_token_count(messages)
         if cfg.context_limit:
             want = prompt_tokens + (max_tokens or 0)
@@ -573,7 +581,7 @@ class MockServer:
         if fault == "hang":
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
 
-        plan = Plan(cfg, messages, max_tokens)
+        plan = Plan(cfg, messages, max_tokens, mean_tokens)
         drop_after = None
         if fault == "drop":
             drop_after = random.Random(f"{cfg.fault_seed}/{counter}/drop").randrange(len(plan.words))
@@ -764,7 +772,8 @@ def build_parser():
     g = ap.add_argument_group("responses")
     g.add_argument("--seed", type=int, default=0, help="response rng seed (default %(default)s)")
     g.add_argument("--length-dist", choices=["fixed", "lognormal"], default="fixed")
-    g.add_argument("--mean-tokens", type=float, default=64, help="mean response length (default %(default)s)")
+    g.add_argument("--mean-tokens", type=float, default=64,
+                   help="mean response length; a request's `mock_mean_tokens` overrides it (default %(default)s)")
     g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
     g.add_argument("--reasoning-share", type=_probability, default=0.0,
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
