@@ -1,10 +1,26 @@
 # budgetgen: prompts.jsonl -> budgeted responses (journal) -> raw_responses.jsonl -> tokenized.arrow
+import os
+import sys
+
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
 configfile: "config.yaml"
+
+
+sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
+from budgetgen.configcheck import duplicate_key, schema_error  # noqa: E402
+
+# before validation, one line naming the key: a duplicate key (YAML keeps the last one silently),
+# then a schema error
+for _problem in [duplicate_key(f) for f in dict.fromkeys(map(str, workflow.configfiles))] + [
+    schema_error(config, os.path.join(workflow.basedir, "schemas/config.schema.yaml"))
+]:
+    if _problem:
+        raise WorkflowError(_problem)
 
 
 validate(config, "schemas/config.schema.yaml")

@@ -111,6 +111,31 @@ def check_config():
 check_config()
 
 
+def tokenizer_problem(name):
+    """Why tokenizer.path cannot be loaded (the rule of tokenization.load_tokenizer), or None: a
+    folder, or a hub name (org/model) already in the local Hugging Face cache."""
+    looks_local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)
+    if os.path.isdir(name):
+        return None
+    if looks_local:
+        return f"config key tokenizer.path: no such folder: {name}"
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("tokenizer_config.json", "tokenizer.json"):
+        if isinstance(try_to_load_from_cache(name, filename), str):
+            return None
+    return f"config key tokenizer.path: no such folder, and not in the local Hugging Face cache: {name}"
+
+
+# Checked when jobs are about to run (not at parse time, so `snakemake -n` and `--lint` work on a
+# clone whose tokenizer is not built yet), and only if a tokenize job is among them.
+onstart:
+    if any(job.rule.name == "tokenize" for job in workflow.dag.needrun_jobs()):
+        problem = tokenizer_problem(config["tokenizer"]["path"])
+        if problem:
+            raise WorkflowError(problem)
+
+
 def read_status(dataset):
     """The last budget status written by the checkpoint, or None."""
     try:

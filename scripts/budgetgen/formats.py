@@ -298,7 +298,7 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
                 f"{path}: no prompts found (all {len(result.skipped)} non-blank lines were bad; "
                 f"first: line {line}: {reason})"
             )
-        raise UserError(f"{path}: no prompts found")
+        raise UserError(f"{path}: no prompts found ({'only blank lines' if data else 'the file is empty'})")
     return result
 
 

@@ -1,0 +1,89 @@
+"""Config checks the Snakefile runs before any job, each giving one line that names the key.
+
+- Duplicate keys in a config file: YAML (and JSON) loaders silently keep the last of two equal
+  keys, so a second `datasets: A:` entry would replace the first without a word. The files are
+  re-read here with a loader that refuses them, naming file:line and the dotted key.
+- Schema errors: jsonschema's best match, as `config key server.base_url: ...` (snakemake's own
+  validation prints the whole schema fragment, which hides the key).
+"""
+
+import yaml
+
+_MERGE = "tag:yaml.org,2002:merge"
+_MESSAGE_MAX = 300
+
+
+def duplicate_key(path):
+    """The first duplicate mapping key in a YAML/JSON config file, as a message; None if there is none.
+
+    A file that cannot be read or parsed gives None: snakemake reports it on its own.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    seen = set()
+
+    def walk(node, prefix):
+        if node is None or id(node) in seen:  # an alias shares its anchor's node
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                found = walk(item, f"{prefix}[{i}].")
+                if found:
+                    return found
+        elif isinstance(node, yaml.MappingNode):
+            first = {}
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE:  # `<<:` may override
+                    found = walk(value, prefix)
+                else:
+                    name, line = f"{prefix}{key.value}", key.start_mark.line + 1
+                    if (key.tag, key.value) in first:
+                        return (f"{path}:{line}: duplicate config key {name} (first given on line "
+                                f"{first[key.tag, key.value]}); YAML would silently keep only the last one")
+                    first[key.tag, key.value] = line
+                    found = walk(value, name + ".")
+                if found:
+                    return found
+        return None
+
+    return walk(root, "")
+
+
+def schema_error(config, schema_path):
+    """The most relevant schema violation of config, as `config key KEY: reason`; None if valid."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    with open(schema_path, encoding="utf-8") as f:
+        schema = yaml.safe_load(f)
+    cls = jsonschema.validators.validator_for(schema)
+    err = best_match(cls(schema).iter_errors(config))
+    if err is None:
+        return None
+    path = [str(p) for p in err.absolute_path]
+    message = err.message
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = sorted(err.schema.get("properties") or {})
+        unknown = sorted(k for k in err.instance if k not in known)
+        if unknown:
+            path.append(str(unknown[0]))
+            message = "unknown key" + (f" (known keys: {', '.join(known)})" if known else "")
+    elif "propertyNames" in err.schema_path:
+        message = f"invalid name: {message}"
+    elif err.validator in ("anyOf", "oneOf") and all(
+        isinstance(s, dict) and list(s) == ["required"] for s in err.validator_value
+    ):
+        names = [k for s in err.validator_value for k in s["required"]]
+        message = f"needs one of the keys {', '.join(names)}"
+    elif err.validator == "required" and err.validator_value:
+        missing = [k for k in err.validator_value if isinstance(err.instance, dict) and k not in err.instance]
+        if missing:
+            path.append(str(missing[0]))
+            message = "required key is missing"
+    if len(message) > _MESSAGE_MAX:
+        message = message[: _MESSAGE_MAX - 3] + "..."
+    return f"config key {'.'.join(path) or '(top level)'}: {message}"
