@@ -245,7 +245,8 @@ def _parse_line(raw, lineno):
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _Bad(f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+        at = "" if exc.msg.endswith(" at") else " at"  # "Unterminated string starting at"
+        raise _Bad(f"malformed JSON ({exc.msg}{at} column {exc.colno})") from None
     except RecursionError:
         raise _Bad("malformed JSON (nested too deeply)") from None
     except ValueError as exc:
