@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Kill-anywhere soak: kill -9 the whole snakemake process group at random moments, rerun, repeat.
+
+    .venv/bin/python tests/soak/soak.py --trials 50            # on demand; prints "trials passed/run"
+
+One deterministic mock server (responses seeded by the messages) serves every run. First an
+uninterrupted reference run of the workflow on three datasets (each *exhausted*: the budget is larger
+than all its prompts, so the set of ids generated does not depend on timing) gives the final outputs
+and the span of one run. Each trial then starts the same workflow in a fresh working directory,
+kills the process group (snakemake and every job it runs) after a delay drawn uniformly from that
+span (so kills fall in inference, finalize, tokenize or snakemake's own bookkeeping in proportion to
+the time each takes), reruns with `--unlock` first (kill -9 leaves Snakemake's lock behind), kills
+again with probability --again (at most --max-kills per trial) or lets it finish.
+
+Checked after every kill: no process of the group survives; every whole journal line present before
+the kill is still there, in order (prefix preserved); no id twice in any journal; a raw_responses.jsonl
+or tokenized.arrow that exists is whole (parses / opens with datasets.Dataset.from_file) with no id
+twice. Checked at the end: the journals hold exactly the reference ids, and raw_responses.jsonl and
+tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
+the Arrow provenance metadata compared too).
+
+Appends one JSON result line to --results (default tests/soak/results.jsonl). tests/test_soak.py
+runs three trials of this in CI.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+for _p in (str(TESTS), str(TESTS.parent / "scripts")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from budgetgen import mock_server  # noqa: E402
+from conftest import CORPUS, Workflow, base_config, write_prompts  # noqa: E402
+
+DATASETS = {"A": 24, "B": 16, "C": 16}
+TIMING_FIELDS = ("created", "latency_s", "attempts")
+PHASES = {"run_inference.py": "inference", "finalize.py": "finalize", "tokenize_responses.py": "tokenize",
+          "budget_status.py": "budget_status"}
+
+
+# -- processes -------------------------------------------------------------------------------------
+def group_members(pgid):
+    """Live (non-zombie) processes of process group pgid: [(pid, cmdline)]."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+            if int(pgrp) != pgid or state in ("Z", "X"):
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        found.append((int(name), cmd))
+    return found
+
+
+def phases_of(members):
+    """The workflow steps running among these processes (by script name), or 'snakemake' if none."""
+    got = sorted({phase for _, cmd in members for script, phase in PHASES.items() if script in cmd})
+    return "+".join(got) or "snakemake"
+
+
+def wait_group_gone(pgid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return []
+        time.sleep(0.05)
+    return group_members(pgid)
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+def journal_snapshot(wf):
+    """Per dataset: the whole journal lines, and the bytes of a torn tail (a line cut by the kill)."""
+    snap = {}
+    for ds in DATASETS:
+        p = wf.path("results", ds, "journal.jsonl")
+        data = p.read_bytes() if p.exists() else b""
+        whole = data[: data.rfind(b"\n") + 1]
+        snap[ds] = {"lines": whole.splitlines(keepends=True), "torn": len(data) - len(whole)}
+    return snap
+
+
+def load_jsonl(path):
+    """Every line of a file that must be whole: [record]; raises on a torn or bad line."""
+    data = Path(path).read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise ValueError(f"{path}: last line not terminated")
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def duplicates(ids):
+    return sorted(i for i, n in Counter(ids).items() if n > 1)
+
+
+def normal(rec):
+    return {k: v for k, v in rec.items() if k not in TIMING_FIELDS}
+
+
+def load_tokenized(path):
+    """(rows by id, provenance metadata) of a tokenized.arrow, opened as training code opens it."""
+    import pyarrow as pa
+    from datasets import Dataset
+
+    rows = Dataset.from_file(str(path)).to_list()
+    with pa.memory_map(str(path)) as f:
+        meta = pa.ipc.open_stream(f).schema.metadata or {}
+    by_id = {r["id"]: r for r in rows}
+    if len(by_id) != len(rows):
+        raise ValueError(f"{path}: ids twice: {duplicates([r['id'] for r in rows])[:5]}")
+    return by_id, json.loads(meta.get(b"budgetgen", b"{}"))
+
+
+def final_outputs(wf):
+    """Per dataset: {raw: {id: record without timing}, tokenized: {id: row}, meta: {...}}."""
+    out = {}
+    for ds in DATASETS:
+        raw = load_jsonl(wf.path("results", ds, "raw_responses.jsonl"))
+        tok, meta = load_tokenized(wf.path("results", ds, "tokenized.arrow"))
+        out[ds] = {"raw": {r["id"]: normal(r) for r in raw}, "raw_ids": [r["id"] for r in raw],
+                   "tokenized": tok, "meta": meta}
+    return out
+
+
+def check_after_kill(wf, before, now):
+    """Invariants that must hold at any moment a kill can leave behind."""
+    bad = []
+    for ds in DATASETS:
+        old, new = before[ds]["lines"], now[ds]["lines"]
+        if new[: len(old)] != old:
+            bad.append(f"{ds}: journal prefix not preserved ({len(old)} whole lines before, {len(new)} now)")
+        try:
+            ids = [json.loads(line)["id"] for line in new]
+        except ValueError as exc:
+            bad.append(f"{ds}: a whole journal line does not parse: {exc}")
+            continue
+        if duplicates(ids):
+            bad.append(f"{ds}: ids twice in the journal: {duplicates(ids)[:5]}")
+        raw = wf.path("results", ds, "raw_responses.jsonl")
+        if raw.exists():
+            try:
+                rids = [r["id"] for r in load_jsonl(raw)]
+                if duplicates(rids):
+                    bad.append(f"{ds}: ids twice in raw_responses.jsonl: {duplicates(rids)[:5]}")
+                if not set(rids) <= set(ids):
+                    bad.append(f"{ds}: raw_responses.jsonl holds ids the journal lacks")
+            except ValueError as exc:
+                bad.append(f"{ds}: raw_responses.jsonl not whole: {exc}")
+        tok = wf.path("results", ds, "tokenized.arrow")
+        if tok.exists():
+            try:
+                load_tokenized(tok)
+            except Exception as exc:  # any failure to open is the finding
+                bad.append(f"{ds}: tokenized.arrow does not open: {type(exc).__name__}: {exc}")
+    return bad
+
+
+def compare_final(got, ref):
+    bad = []
+    for ds in DATASETS:
+        g, r = got[ds], ref[ds]
+        if duplicates(g["raw_ids"]):
+            bad.append(f"{ds}: ids twice in raw_responses.jsonl: {duplicates(g['raw_ids'])[:5]}")
+        if set(g["raw"]) != set(r["raw"]):
+            bad.append(f"{ds}: raw ids differ: {len(set(g['raw']) ^ set(r['raw']))} ids in one only")
+        else:
+            diff = [i for i in r["raw"] if g["raw"][i] != r["raw"][i]]
+            if diff:
+                bad.append(f"{ds}: raw content differs for {len(diff)} ids, e.g. {diff[0]}")
+        if set(g["tokenized"]) != set(r["tokenized"]):
+            bad.append(f"{ds}: tokenized ids differ")
+        else:
+            diff = [i for i in r["tokenized"] if g["tokenized"][i] != r["tokenized"][i]]
+            if diff:
+                bad.append(f"{ds}: tokenized rows differ for {len(diff)} ids, e.g. {diff[0]}")
+        if g["meta"] != r["meta"]:
+            keys = sorted(k for k in set(g["meta"]) | set(r["meta"]) if g["meta"].get(k) != r["meta"].get(k))
+            bad.append(f"{ds}: tokenized.arrow provenance differs in {keys}")
+    return bad
+
+
+# -- the soak --------------------------------------------------------------------------------------
+class Soak:
+    """A tokenizer, one deterministic mock server and the reference run; trials in subfolders of root."""
+
+    def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.cores = cores
+        self.concurrency = concurrency
+        self.log = log
+        self.targets = [f"results/{ds}/tokenized.arrow" for ds in DATASETS]
+        from budgetgen.tiny_tokenizer import build_tokenizer
+
+        self.tokenizer = self.root / "tokenizer"
+        if not (self.tokenizer / "tokenizer.json").exists():
+            build_tokenizer(self.tokenizer, [CORPUS], vocab_size=512)
+        self.server_args = ["--length-dist", "lognormal", "--mean-tokens", str(mean_tokens), "--sigma", "0.5",
+                            "--tokens-per-s", str(tokens_per_s), "--reasoning-share", "0.2"]
+        self.server, self.base_url = mock_server.spawn(self.server_args, self.root / "server")
+        self.ref = None
+        self.ref_s = None
+
+    def close(self):
+        mock_server.stop(self.server)
+
+    def workflow(self, name):
+        d = self.root / name
+        if d.exists():
+            shutil.rmtree(d)
+        for ds, n in DATASETS.items():
+            write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+        cfg = base_config(self.base_url, self.tokenizer, {ds: {"prompts": f"prompts/{ds}.jsonl"} for ds in DATASETS},
+                          token_budget=10**6, concurrency=self.concurrency)
+        return Workflow(d, cfg)
+
+    def start(self, wf, n):
+        log = open(wf.path(f"snakemake.{n}.out"), "w")
+        try:
+            return subprocess.Popen(wf.cmd("--cores", str(self.cores), *self.targets), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+
+    def reference(self):
+        """The uninterrupted run: its outputs and its duration (the span kill delays are drawn from)."""
+        wf = self.workflow("reference")
+        t0 = time.monotonic()
+        proc = self.start(wf, 1)
+        rc = proc.wait(timeout=600)
+        self.ref_s = time.monotonic() - t0
+        if rc != 0:
+            raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
+        self.ref = final_outputs(wf)
+        for ds, n in DATASETS.items():
+            if len(self.ref[ds]["raw"]) != n:
+                raise RuntimeError(f"reference run: {ds} has {len(self.ref[ds]['raw'])} responses, not {n}")
+        self.log(f"reference run: {self.ref_s:.1f} s, {sum(DATASETS.values())} responses in {len(DATASETS)} datasets")
+        return self.ref
+
+    def trial(self, seed, max_kills=3, again=0.5, stratum=None, run_timeout=600):
+        """One trial; returns a dict with passed, kills [{at_s, phase, torn_bytes}], runs, failures.
+
+        stratum=(i, n) draws the first kill from the i-th of n equal slices of the reference span
+        (CI uses it to spread three trials over the run); otherwise from the whole span.
+        """
+        if self.ref is None:
+            self.reference()
+        rng = random.Random(seed)
+        wf = self.workflow(f"trial-{seed}")
+        before = journal_snapshot(wf)
+        kills, failures, runs = [], [], 0
+        t_trial = time.monotonic()
+        while not failures:
+            if kills:  # kill -9 leaves snakemake's lock; remove it as a user would
+                unlock = wf.run("--unlock", check=False)
+                if unlock.returncode != 0:
+                    failures.append(f"--unlock failed ({unlock.returncode}): {unlock.output[-2000:]}")
+                    break
+            runs += 1
+            if not kills:
+                lo, hi = (0.0, self.ref_s) if stratum is None else (
+                    self.ref_s * stratum[0] / stratum[1], self.ref_s * (stratum[0] + 1) / stratum[1])
+                kill_at = rng.uniform(lo, hi)
+            else:
+                again_draw, kill_at = rng.random(), rng.uniform(0.0, self.ref_s)
+                if len(kills) >= max_kills or again_draw >= again:
+                    kill_at = None
+            proc = self.start(wf, runs)
+            try:
+                proc.wait(timeout=run_timeout if kill_at is None else kill_at)
+            except subprocess.TimeoutExpired:
+                if kill_at is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    failures.append(f"run {runs} did not finish within {run_timeout} s")
+                    break
+                phase = phases_of(group_members(proc.pid))
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                left = wait_group_gone(proc.pid)
+                if left:
+                    failures.append(f"kill {len(kills) + 1}: processes survived kill -9 of the group: {left}")
+                now = journal_snapshot(wf)
+                failures += [f"kill {len(kills) + 1} ({phase}): {f}" for f in check_after_kill(wf, before, now)]
+                kills.append({"at_s": round(kill_at, 2), "phase": phase,
+                              "torn_bytes": sum(s["torn"] for s in now.values()),
+                              "journal_lines": sum(len(s["lines"]) for s in now.values())})
+                before = now
+                continue
+            if proc.returncode != 0:
+                failures.append(f"run {runs} exited {proc.returncode}:\n"
+                                f"{wf.path(f'snakemake.{runs}.out').read_text()[-3000:]}")
+                break
+            now = journal_snapshot(wf)
+            failures += [f"final: {f}" for f in check_after_kill(wf, before, now)]
+            try:
+                got = final_outputs(wf)
+            except Exception as exc:  # a missing or broken final output is the finding
+                failures.append(f"final outputs unreadable: {type(exc).__name__}: {exc}")
+                break
+            failures += [f"final: {f}" for f in compare_final(got, self.ref)]
+            for ds in DATASETS:
+                ids = [json.loads(line)["id"] for line in now[ds]["lines"]]
+                if set(ids) != set(self.ref[ds]["raw"]):
+                    failures.append(f"final: {ds}: journal ids differ from the reference")
+            break
+        return {"seed": seed, "passed": not failures, "kills": kills, "runs": runs, "failures": failures,
+                "wall_s": round(time.monotonic() - t_trial, 1), "dir": str(wf.dir)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the first trial; trial k uses seed+k")
+    ap.add_argument("--max-kills", type=int, default=3, help="kills per trial at most")
+    ap.add_argument("--again", type=float, default=0.5, help="probability of killing a rerun again")
+    ap.add_argument("--tokens-per-s", type=float, default=40, help="the mock server's per-stream token rate")
+    ap.add_argument("--workdir", default="/tmp/budgetgen-soak", help="trial folders (failed ones are kept)")
+    ap.add_argument("--keep", action="store_true", help="keep passed trials' folders too")
+    ap.add_argument("--results", default=str(HERE / "results.jsonl"), help="append the result line here")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s)
+    results = []
+    try:
+        soak.reference()
+        for k in range(a.trials):
+            r = soak.trial(a.seed + k, max_kills=a.max_kills, again=a.again)
+            results.append(r)
+            kills = ", ".join(f"{x['at_s']:.1f}s:{x['phase']}" for x in r["kills"]) or "none"
+            print(f"trial {k + 1}/{a.trials} seed {r['seed']}: {'PASS' if r['passed'] else 'FAIL'} "
+                  f"({r['runs']} runs, kills: {kills}, {r['wall_s']} s)", flush=True)
+            for f in r["failures"]:
+                print(f"  {f}", flush=True)
+            if r["passed"] and not a.keep:
+                shutil.rmtree(r["dir"], ignore_errors=True)
+    finally:
+        soak.close()
+    passed = sum(r["passed"] for r in results)
+    phases = Counter(x["phase"] for r in results for x in r["kills"])
+    line = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "trials": len(results), "passed": passed,
+            "kills": sum(len(r["kills"]) for r in results), "kills_by_phase": dict(sorted(phases.items())),
+            "trials_without_kill": sum(not r["kills"] for r in results),
+            "torn_tails_seen": sum(x["torn_bytes"] > 0 for r in results for x in r["kills"]),
+            "reference_run_s": round(soak.ref_s or 0, 1), "tokens_per_s": a.tokens_per_s, "seed": a.seed,
+            "max_kills": a.max_kills, "failed_seeds": [r["seed"] for r in results if not r["passed"]],
+            "wall_s": round(time.monotonic() - t0, 1)}
+    print(f"trials passed/run: {passed}/{len(results)}")
+    print(json.dumps(line))
+    with open(a.results, "a") as f:
+        f.write(json.dumps(line) + "\n")
+    return 0 if passed == len(results) == a.trials else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

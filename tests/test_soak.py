@@ -1,0 +1,65 @@
+"""The kill-anywhere soak (tests/soak/soak.py), CI-sized: an uninterrupted reference run, then three
+trials whose first kill -9 of the snakemake process group falls in the first, middle and last third
+of the reference run's span (so inference, finalize/tokenize and the tail are all hit), each rerun
+with --unlock, killed again (first trial) or left to finish. The full soak runs on demand:
+`.venv/bin/python tests/soak/soak.py --trials 50`."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
+
+import soak as soak_mod  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory):
+    s = soak_mod.Soak(tmp_path_factory.mktemp("soak"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def reference(soak):
+    return soak.reference()
+
+
+def test_uninterrupted_reference_run_exhausts_every_dataset(soak, reference):
+    for ds, n in soak_mod.DATASETS.items():
+        assert len(reference[ds]["raw"]) == len(reference[ds]["tokenized"]) == n
+    assert soak.ref_s > 0
+
+
+@pytest.mark.parametrize("third", [0, 1, 2])
+def test_kill_9_anywhere_then_rerun_preserves_journal_and_equals_uninterrupted_run(soak, reference, third):
+    # a second kill only in the first trial (its first kill comes early): each test stays under a minute
+    r = soak.trial(100 + third, max_kills=2 if third == 0 else 1, stratum=(third, 3))
+    assert r["passed"], "\n".join(r["failures"])
+    assert r["kills"], f"the run finished before the kill at {soak.ref_s * third / 3:.1f}+ s"
+    assert r["runs"] == len(r["kills"]) + 1
+    print(f"kills: {r['kills']}")
+
+
+def test_invariant_checks_catch_a_lost_record_a_duplicate_and_changed_content(soak, reference):
+    """The checks the trials rely on are not vacuous."""
+    import copy
+    import json
+
+    wf = soak.workflow("checks")
+    good = {ds: {"lines": [json.dumps({"id": f"{ds}{i}"}).encode() + b"\n" for i in range(3)], "torn": 0}
+            for ds in soak_mod.DATASETS}
+    lost = copy.deepcopy(good)
+    del lost["A"]["lines"][1]
+    assert any("prefix not preserved" in f for f in soak_mod.check_after_kill(wf, good, lost))
+    twice = copy.deepcopy(good)
+    twice["B"]["lines"].append(twice["B"]["lines"][0])
+    assert any("ids twice in the journal" in f for f in soak_mod.check_after_kill(wf, good, twice))
+    changed = copy.deepcopy(reference)
+    rid = next(iter(changed["C"]["raw"]))
+    changed["C"]["raw"][rid]["messages"][-1]["content"] += " extra"
+    assert any("raw content differs" in f for f in soak_mod.compare_final(changed, reference))
+    assert soak_mod.compare_final(copy.deepcopy(reference), reference) == []
