@@ -101,6 +101,10 @@ def check_config():
             raise WorkflowError(
                 f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
             )
+    if not config["server"].get("base_url") and not config["server"].get("launch"):
+        raise WorkflowError(
+            "config key server.base_url is required (or server.launch, a server each job starts)"
+        )
     env = config["server"].get("api_key_env")
     if env and not os.environ.get(env):
         print(

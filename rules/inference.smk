@@ -31,6 +31,8 @@ rule inference:
         on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
         journal=lambda wc: journal_path(wc.dataset),
         errors=lambda wc: errors_path(wc.dataset),
+        # the output of the server this job starts itself (server.launch), if any
+        server_log=lambda wc: f"logs/server/{wc.dataset}.log",
     message:
         "inference {wildcards.dataset}: generating up to a budget of {params.budget} completion tokens "
         "(resumes from {params.journal})"

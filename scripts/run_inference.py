@@ -21,7 +21,9 @@ def parse_args(argv):
     ap.add_argument("--errors", required=True, help="errors.jsonl for non-transient failures")
     ap.add_argument("--done", required=True, help="marker written atomically when met or exhausted")
     ap.add_argument("--budget", type=int, required=True, help="completion-token budget")
-    ap.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    ap.add_argument("--base-url", action="append", default=[],
+                    help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1; repeat for several servers "
+                         "(requests go to the least-loaded healthy one)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
     ap.add_argument("--max-tokens", type=int, default=1024)
@@ -38,7 +40,23 @@ def parse_args(argv):
     ap.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
     ap.add_argument("--return-token-ids", action="store_true",
                     help="ask the server for the generated token ids (vLLM) and journal them")
-    return ap.parse_args(argv)
+    ap.add_argument("--endpoint-concurrency", type=int, default=0,
+                    help="requests in flight per endpoint (0: no cap but --concurrency)")
+    ap.add_argument("--endpoint-recheck-s", type=float, default=10.0,
+                    help="seconds between probes of an endpoint taken out after a connection failure")
+    g = ap.add_argument_group("a server started by this job (instead of --base-url)")
+    g.add_argument("--launch", help="command template, e.g. 'python -m sglang.launch_server --model-path "
+                                    "{model_path} --port {port}'; placeholders {port} {host} {model} {model_path} "
+                                    "{dataset}; run without a shell, stopped on every exit")
+    g.add_argument("--launch-log", help="the launched server's output (default: JOURNAL.server.log)")
+    g.add_argument("--model-path", help="{model_path} of --launch (default: --model)")
+    g.add_argument("--launch-port", type=int, default=0, help="{port} of --launch (0: a free port)")
+    g.add_argument("--launch-ready-timeout-s", type=float, default=1800.0,
+                   help="how long the launched server may take to serve the model")
+    a = ap.parse_args(argv)
+    if not a.base_url and not a.launch:
+        ap.error("one of --base-url or --launch is required")
+    return a
 
 
 def log(msg):
@@ -54,7 +72,9 @@ def main(argv=None):
         seed=a.seed, extra_body=json.loads(a.extra_body), request_timeout_s=a.request_timeout_s,
         max_retries=a.max_retries, unreachable_deadline_s=a.unreachable_deadline_s,
         startup_wait_s=a.startup_wait_s, progress_interval_s=a.progress_interval_s, on_bad_line=a.on_bad_line,
-        return_token_ids=a.return_token_ids,
+        return_token_ids=a.return_token_ids, endpoint_concurrency=a.endpoint_concurrency,
+        endpoint_recheck_s=a.endpoint_recheck_s, launch=a.launch, launch_log=a.launch_log, model_path=a.model_path,
+        launch_port=a.launch_port, launch_ready_timeout_s=a.launch_ready_timeout_s,
     )
     return run(settings, log=log)
 
@@ -63,8 +83,7 @@ def argv_from_snakemake(smk):
     """Rule `inference`: content settings from params, operational ones from the server config."""
     server, p = smk.config["server"], smk.params
     argv = ["--dataset", smk.wildcards.dataset, "--prompts", smk.input.prompts, "--journal", p.journal,
-            "--errors", p.errors, "--done", smk.output.done, "--budget", p.budget,
-            "--base-url", server["base_url"], "--model", p.model, "--max-tokens", p.max_tokens,
+            "--errors", p.errors, "--done", smk.output.done, "--budget", p.budget, "--model", p.model, "--max-tokens", p.max_tokens,
             "--concurrency", smk.resources.server_slots, "--seed", p.seed, "--extra-body", p.extra_body,
             "--on-bad-line", p.on_bad_line]
     for flag, value in (("--temperature", p.temperature), ("--top-p", p.top_p),
@@ -76,6 +95,17 @@ def argv_from_snakemake(smk):
         argv += ["--" + key.replace("_", "-"), server[key]]
     if server.get("return_token_ids"):
         argv.append("--return-token-ids")
+    if server.get("launch"):
+        argv += ["--launch", server["launch"], "--launch-log", p.server_log, "--launch-port", server["launch_port"],
+                 "--launch-ready-timeout-s", server["launch_ready_timeout_s"]]
+        if server.get("model_path"):
+            argv += ["--model-path", server["model_path"]]
+    else:
+        urls = server["base_url"]
+        for url in [urls] if isinstance(urls, str) else urls:
+            argv += ["--base-url", url]
+    for key in ("endpoint_concurrency", "endpoint_recheck_s"):
+        argv += ["--" + key.replace("_", "-"), server[key]]
     return argv
 
 

@@ -83,12 +83,97 @@ def _error_message(body):
         return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
 
 
-class ChatClient:
-    """One httpx.AsyncClient per job; connection pool sized to the concurrency."""
+class ServerUnreachable(UserError):
+    """No answer from a server (as opposed to an answer that is wrong: bad key, unknown model)."""
 
-    def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0):
+
+class Endpoint:
+    """One server of the pool: its URL, this job's requests in flight there, and its health."""
+
+    def __init__(self, base_url, max_inflight=0):
         self.base_url = base_url.rstrip("/")
+        self.max_inflight = max_inflight  # 0 = no cap of its own
+        self.inflight = 0
+        self.healthy = True
+        self.requests = 0
+
+    def has_room(self):
+        return not self.max_inflight or self.inflight < self.max_inflight
+
+
+class EndpointPool:
+    """Several servers behind one job: each request goes to the least-loaded healthy endpoint with room.
+
+    An endpoint whose connection fails is taken out and probed (GET /models) every `recheck_s` until
+    it answers again. When every endpoint is out, requests still go to them (least loaded first), so
+    the job's own unreachable deadline decides when to give up, exactly as with one server.
+    """
+
+    def __init__(self, urls, per_endpoint=0, recheck_s=10.0, log=None):
+        self.endpoints = [Endpoint(u, per_endpoint) for u in urls]
+        self.recheck_s = recheck_s
+        self.log = log or (lambda msg: None)
+        self.room = asyncio.Condition()
+        self.probes = {}  # endpoint -> probe task
+
+    def pick(self):
+        """The endpoint the next request goes to, or None if every one is at its cap."""
+        ready = [e for e in self.endpoints if e.has_room()]
+        healthy = [e for e in ready if e.healthy]
+        pool = healthy or ready
+        return min(pool, key=lambda e: e.inflight) if pool else None  # min() keeps config order on ties
+
+    async def acquire(self):
+        async with self.room:
+            while (ep := self.pick()) is None:
+                await self.room.wait()
+            ep.inflight += 1
+            ep.requests += 1
+            return ep
+
+    async def release(self, ep):
+        async with self.room:
+            ep.inflight -= 1
+            self.room.notify()
+
+    def take_out(self, ep, reason, probe):
+        """Mark ep unhealthy and start probing it with `probe(ep)` (an async check) until it answers."""
+        if not ep.healthy or len(self.endpoints) == 1:
+            return  # one server: nothing to fail over to; the retry loop handles it
+        ep.healthy = False
+        self.log(f"endpoint {ep.base_url} taken out ({reason}); probing it every {self.recheck_s:g} s")
+        self.probes[ep] = asyncio.create_task(self._probe_until_back(ep, probe))
+
+    async def _probe_until_back(self, ep, probe):
+        while True:
+            await asyncio.sleep(self.recheck_s)
+            try:
+                await probe(ep)
+            except UserError:
+                continue
+            ep.healthy = True
+            self.probes.pop(ep, None)
+            self.log(f"endpoint {ep.base_url} back in service")
+            async with self.room:
+                self.room.notify_all()
+            return
+
+    def close(self):
+        for task in self.probes.values():
+            task.cancel()
+        self.probes.clear()
+
+
+class ChatClient:
+    """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
+
+    def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
+                 endpoint_concurrency=0, recheck_s=10.0, log=None):
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s, log=log)
+        self.base_url = self.pool.endpoints[0].base_url
         self.model = model
+        self.log = log or (lambda msg: None)
         headers = {"Accept": "text/event-stream, application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -98,26 +183,51 @@ class ChatClient:
         self.http = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
 
     async def aclose(self):
+        self.pool.close()
         await self.http.aclose()
 
+    @property
+    def urls(self):
+        return [e.base_url for e in self.pool.endpoints]
+
     async def check_server(self, wait_s=0.0):
-        """Fail with one line naming the URL if the server is unreachable or lacks the model."""
+        """Check every endpoint: each must serve the model. Unreachable ones are taken out (probed later)
+        as long as one answers; if none does within wait_s, one line naming the URL(s)."""
         deadline = time.monotonic() + wait_s
-        url = f"{self.base_url}/models"
         while True:
-            try:
-                resp = await self.http.get(url, timeout=10.0)
+            served, unreachable = None, []
+            for ep in self.pool.endpoints:
+                try:
+                    served = await self.check_endpoint(ep)
+                except ServerUnreachable as exc:
+                    unreachable.append((ep, exc))
+            if len(unreachable) < len(self.pool.endpoints):
                 break
-            except httpx.HTTPError as exc:
-                if time.monotonic() >= deadline:
-                    raise UserError(
-                        f"server unreachable at {url} ({type(exc).__name__}: {exc or 'no answer'})"
-                    ) from None
-                await asyncio.sleep(1.0)
+            if time.monotonic() >= deadline:
+                if len(unreachable) == 1:
+                    raise unreachable[0][1]
+                raise ServerUnreachable("no server reachable: " + "; ".join(
+                    f"{ep.base_url}/models ({str(exc).split(' (', 1)[-1].rstrip(')')})" for ep, exc in unreachable))
+            await asyncio.sleep(1.0)
+        for ep, exc in unreachable:
+            self.pool.take_out(ep, str(exc), self.check_endpoint)
+        return served
+
+    async def check_endpoint(self, ep):
+        """GET /models of one endpoint: the served model list, or None for a server without that route."""
+        url = f"{ep.base_url}/models"
+        try:
+            resp = await self.http.get(url, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(
+                f"server unreachable at {url} ({type(exc).__name__}: {exc or 'no answer'})"
+            ) from None
         if resp.status_code in (401, 403):
             raise UserError(f"server at {url} refused the API key (HTTP {resp.status_code})")
         if resp.status_code == 404:
             return None  # no /models route; /health-only servers are fine
+        if resp.status_code in (502, 503, 504):  # a proxy before a server that is not up (yet)
+            raise ServerUnreachable(f"server unreachable at {url} (HTTP {resp.status_code})")
         if resp.status_code != 200:
             raise UserError(f"server at {url} answered HTTP {resp.status_code}: {_error_message(resp.content)}")
         try:
@@ -131,7 +241,19 @@ class ChatClient:
         return served
 
     async def chat(self, messages, params, on_token=None, return_token_ids=False):
-        """Stream one chat completion; call on_token(n) as tokens arrive; return ChatResult.
+        """Stream one chat completion on the least-loaded endpoint; see _chat."""
+        ep = await self.pool.acquire()
+        try:
+            return await self._chat(ep, messages, params, on_token, return_token_ids)
+        except TransientError as exc:
+            if exc.connection:
+                self.pool.take_out(ep, str(exc), self.check_endpoint)
+            raise
+        finally:
+            await self.pool.release(ep)
+
+    async def _chat(self, ep, messages, params, on_token=None, return_token_ids=False):
+        """Stream one chat completion from ep; call on_token(n) as tokens arrive; return ChatResult.
 
         return_token_ids asks the server for the generated token ids (vLLM's `return_token_ids`:
         `token_ids` on each choice chunk); they come back in ChatResult.token_ids, else None.
@@ -146,7 +268,7 @@ class ChatClient:
         body.update(params.get("extra_body") or {})
         if return_token_ids:
             body["return_token_ids"] = True
-        url = f"{self.base_url}/chat/completions"
+        url = f"{ep.base_url}/chat/completions"
         content, reasoning, token_ids = [], [], []
         finish, usage, streamed, model = None, None, 0, ""
         try:

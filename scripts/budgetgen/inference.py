@@ -22,6 +22,7 @@ from .budget import DispatchPolicy, LengthModel, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
 from .fsutil import write_json_atomic
+from .launch import LaunchedServer
 
 EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -34,7 +35,7 @@ class Settings:
     errors: str
     done: str
     budget: int
-    base_url: str
+    base_url: str | list  # one URL or several (requests go to the least-loaded healthy one)
     model: str
     max_tokens: int = 1024
     concurrency: int = 64
@@ -50,6 +51,17 @@ class Settings:
     progress_interval_s: float = 10.0
     on_bad_line: str = "error"
     return_token_ids: bool = False
+    endpoint_concurrency: int = 0  # per endpoint; 0 = no cap but `concurrency`
+    endpoint_recheck_s: float = 10.0
+    launch: str | None = None  # command template of a server this job starts, uses and stops
+    launch_log: str | None = None
+    model_path: str | None = None
+    launch_port: int = 0
+    launch_ready_timeout_s: float = 1800.0
+
+    @property
+    def urls(self):
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
     def request_params(self):
         """The request parameters that affect content; recorded with every response."""
@@ -159,7 +171,7 @@ class InferenceJob:
                 self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
                 down_for = time.monotonic() - self.last_ok
                 if down_for > s.unreachable_deadline_s:
-                    raise ServerDown(f"server at {s.base_url} failing for {down_for:.0f} s "
+                    raise ServerDown(f"server at {', '.join(self.client.urls)} failing for {down_for:.0f} s "
                                      f"(deadline {s.unreachable_deadline_s:g} s; last error: {exc})") from None
                 attempt += 1
                 if attempt > s.max_retries and not exc.connection:
@@ -246,13 +258,27 @@ class InferenceJob:
         self.wake = asyncio.Event()
         for sig in EXIT_SIGNAL:
             loop.add_signal_handler(sig, self._on_signal, sig)
-        self.client = ChatClient(s.base_url, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
-                                 concurrency=s.concurrency)
+        urls = s.urls
+        self.server = None
+        if s.launch:
+            self.server = LaunchedServer(s.launch, s.launch_log or f"{s.journal}.server.log", model=s.model,
+                                         model_path=s.model_path, dataset=s.dataset, port=s.launch_port,
+                                         ready_timeout_s=s.launch_ready_timeout_s, log=self.log)
+            urls = [self.server.base_url]
+        self.client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
+                                 concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
+                                 recheck_s=s.endpoint_recheck_s, log=self.log)
         self.writer = journal.JournalWriter(s.journal)
         progress = None
         try:
-            await self.client.check_server(wait_s=s.startup_wait_s)
-            self.log(f"Server {s.base_url} serves {s.model}; dispatching up to {s.concurrency} at once")
+            if self.server:
+                self.server.start()
+                await self.server.wait_ready(self.client, stopping=lambda: self.stop_signal is not None)
+            if self.stop_signal is None:
+                await self.client.check_server(wait_s=s.startup_wait_s)
+                where = ", ".join(u for u in self.client.urls)
+                cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(urls) > 1 else ""
+                self.log(f"Server {where} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
             self.last_ok = time.monotonic()
             progress = asyncio.create_task(self.progress_loop())
             await self.dispatch_loop()
@@ -266,6 +292,11 @@ class InferenceJob:
                 self.discarded_tokens += sum(v[1] for v in self.inflight.values())
             self.writer.close()
             await self.client.aclose()
+            if self.server:
+                self.server.stop()
+            if len(self.client.urls) > 1:
+                self.log("Requests per endpoint: " + ", ".join(
+                    f"{e.base_url} {e.requests}" for e in self.client.pool.endpoints))
         if self.stop_signal is not None:
             self.log(self.progress_line())
             self.log(f"Stopped by {signal.Signals(self.stop_signal).name}: journal flushed "
