@@ -40,6 +40,10 @@ include: "rules/report.smk"
 include: "rules/export.smk"
 
 
+onstart:
+    check_tokenizer_before_jobs()
+
+
 rule all:
     default_target: True
     input:

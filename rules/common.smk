@@ -116,7 +116,7 @@ check_config()
 
 
 def tokenizer_problem(name):
-    """Why tokenizer.path cannot be loaded (the rule of tokenization.load_tokenizer), or None: a
+    """Why tokenizer.path cannot be loaded (as tokenization.load_tokenizer decides), or None: a
     folder, or a hub name (org/model) already in the local Hugging Face cache."""
     looks_local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)
     if os.path.isdir(name):
@@ -131,9 +131,10 @@ def tokenizer_problem(name):
     return f"config key tokenizer.path: no such folder, and not in the local Hugging Face cache: {name}"
 
 
-# Checked when jobs are about to run (not at parse time, so `snakemake -n` and `--lint` work on a
-# clone whose tokenizer is not built yet), and only if a tokenize job is among them.
-onstart:
+def check_tokenizer_before_jobs():
+    """Called from the Snakefile's onstart: when jobs are about to run (not at parse time, so
+    `snakemake -n` and `--lint` work on a clone whose tokenizer is not built yet), and only if a
+    tokenize job is among them."""
     if any(job.rule.name == "tokenize" for job in workflow.dag.needrun_jobs()):
         problem = tokenizer_problem(config["tokenizer"]["path"])
         if problem:
