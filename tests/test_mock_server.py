@@ -432,3 +432,18 @@ def test_mock_mean_tokens_per_request(server):
     for bad in (0, -1, "5", True, None):
         r = chat(fixed, mock_mean_tokens=bad)
         assert r.status_code == (200 if bad is None else 400), bad
+
+
+def test_chunk_interval_batches_tokens(server):
+    def reads(base):
+        t, pieces = time.monotonic(), 0
+        with httpx.stream("POST", f"{base}/chat/completions", timeout=10,
+                          json={"model": "mock-model", "messages": MSGS, "stream": True}) as r:
+            for _ in r.iter_raw():
+                pieces += 1
+        return pieces, time.monotonic() - t
+
+    fine, fine_s = reads(server("--tokens-per-s", 100, "--mean-tokens", 40))
+    coarse, coarse_s = reads(server("--tokens-per-s", 100, "--mean-tokens", 40, "--chunk-interval-s", 0.15))
+    assert fine >= 25 and coarse <= 10, (fine, coarse)
+    assert 0.35 <= fine_s < 1.0 and 0.35 <= coarse_s < 1.0  # the same rate: 39 tokens after the first at 100/s

@@ -610,6 +610,7 @@ class MockServer:
         if cfg.ttft_s > 0:
             await conn.sleep(cfg.ttft_s)
         rate, loop = cfg.tokens_per_s, self.loop
+        gap = max(MIN_SLEEP_S, cfg.chunk_interval_s)
         if rate <= 0 and emit is None:
             self.stats.generated(job, n)
             return
@@ -619,7 +620,7 @@ class MockServer:
             if rate > 0:  # token k is due at t0 + k / rate
                 due = min(n, int((loop.time() - t0) * rate) + 1)
                 if due <= sent:
-                    await conn.sleep(max(MIN_SLEEP_S, sent / rate - (loop.time() - t0)))
+                    await conn.sleep(max(gap, sent / rate - (loop.time() - t0)))
                     continue
             else:
                 due = min(n, sent + BATCH_TOKENS)
@@ -787,6 +788,9 @@ def build_parser():
     g = ap.add_argument_group("timing")
     g.add_argument("--ttft-s", type=_nonneg, default=0.0, help="seconds before the first token")
     g.add_argument("--tokens-per-s", type=_nonneg, default=0.0, help="tokens/s per stream; 0 = no delay")
+    g.add_argument("--chunk-interval-s", type=_nonneg, default=MIN_SLEEP_S,
+                   help="with --tokens-per-s: seconds between two chunks of one stream; the tokens that fell "
+                        "due meanwhile go in one chunk (default %(default)s)")
     g.add_argument("--slots", type=int, default=0, help="max requests generating at once; 0 = unlimited")
     g = ap.add_argument_group("faults (chat requests only; reproducible from --fault-seed)")
     g.add_argument("--fault-seed", type=int, default=0)
