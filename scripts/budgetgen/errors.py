@@ -1,5 +1,6 @@
 """User-facing errors: one line, naming the file and line, the config key or the URL."""
 
+import errno
 import sys
 
 
@@ -16,6 +17,12 @@ def run_main(main, argv=None):
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk is the user's to fix, not a bug
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}no space left on device ({exc}); free space and rerun", file=sys.stderr, flush=True)
+        sys.exit(UserError.exit_code)
     sys.exit(rc or 0)
 
 

@@ -1,9 +1,12 @@
 """Atomic file output: write next to the target, fsync, then rename over it."""
 
+import errno
 import json
 import os
 import tempfile
 from contextlib import contextmanager
+
+from .errors import UserError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -24,11 +27,13 @@ def atomic_path(path):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # one line, not a traceback
+            raise UserError(f"{path}: cannot write ({os.strerror(exc.errno)}); free space and rerun") from None
         raise
     fsync_dir(directory)
 

@@ -170,8 +170,12 @@ class JournalLock:
                     f"{self.path}: another inference process (pid {holder}) is writing this journal"
                 ) from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: one line, not a traceback
+            os.close(fd)
+            raise UserError(f"{self.path}: cannot write the lock file ({os.strerror(exc.errno)})") from None
         self.fd = fd
         return self
 

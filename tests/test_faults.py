@@ -1,0 +1,305 @@
+"""Server faults under real snakemake runs against a real mock server on 127.0.0.1: a fault mix with a
+whole-server outage mid-run (completes, budget met, nothing twice, retries counted by kind in the
+inference log), a server gone for good (fails within the deadline naming the URL, journal intact,
+resumes once it is back), SIGTERM to the inference job (preemption) and a full disk under the journal."""
+
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import Workflow, base_config, server_stats, wait_for, write_prompts
+
+pytestmark = pytest.mark.slow
+
+SOAK = os.environ.get("BUDGETGEN_SOAK") == "1"  # on demand: a 60 s outage instead of 6 s
+
+
+def make(tmp_path, base_url, tokenizer, n, **gen):
+    wf_dir = tmp_path / "work"
+    write_prompts(wf_dir / "prompts" / "F.jsonl", n, prefix="F")
+    return Workflow(wf_dir, base_config(base_url, tokenizer, {"F": {"prompts": "prompts/F.jsonl"}}, **gen))
+
+
+def done_line(log):
+    """The inference log's final 'Done:' line: (total retries, {kind: count})."""
+    m = re.search(r"Done: .* retries (\d+) (\{.*\})?", log)
+    assert m, log[-3000:]
+    return int(m.group(1)), ast.literal_eval(m.group(2)) if m.group(2) else {}
+
+
+def journal_ids(wf):
+    return [r["id"] for r in wf.records("F")]
+
+
+def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and_retries_logged(
+        tmp_path, server, tiny_tokenizer):
+    outage_for = 60 if SOAK else 6
+    # 10 % HTTP 500, 5 % 429 + Retry-After, 5 % streams dropped mid-response, 1 % never answered
+    # (the client's request_timeout_s must end them), and the listener down for outage_for seconds
+    # while the job is generating (snakemake takes ~5 s to reach the inference job).
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "20", "--fail-500", "0.10", "--fail-429", "0.05",
+                 "--retry-after", "0.5", "--drop", "0.05", "--hang", "0.01", "--fault-seed", "11",
+                 "--outage-at", "12", "--outage-for", outage_for)
+    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 400, token_budget=2400)
+    wf.config["server"].update(request_timeout_s=2, unreachable_deadline_s=outage_for + 30)
+    wf.write_config()
+    t0 = time.monotonic()
+    proc = wf.start("--cores", "2", "results/F/raw_responses.jsonl")
+    try:
+        wait_for(lambda: "mock_server outage:" in srv.log_path.read_text(), timeout=60, what="the outage")
+        at_outage = len(wf.journal_lines("F"))
+        assert at_outage > 0 and not wf.path("results", "F", "inference.done").exists()  # mid-run
+        assert proc.wait(timeout=outage_for + 120) == 0, wf.path("snakemake.out").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            wf.killpg(proc)
+    wall = time.monotonic() - t0
+    ids = journal_ids(wf)
+    assert len(ids) > at_outage and len(set(ids)) == len(ids)
+    raw = wf.records("F", "raw_responses.jsonl")
+    assert sorted(r["id"] for r in raw) == sorted(ids)
+    done = json.loads(wf.path("results", "F", "inference.done").read_text())
+    tokens = sum(r["usage"]["completion_tokens"] for r in raw)
+    assert done["state"] == "met" and done["tokens"] == tokens >= 2400
+    log = wf.path("logs", "inference", "F.log").read_text()
+    retries, kinds = done_line(log)
+    faults = server_stats(srv)["faults"]
+    assert retries == done["retries"] == sum(kinds.values())
+    assert kinds["HTTP 500"] == faults["500"] > 0 and kinds["HTTP 429"] == faults["429"] > 0
+    assert faults["drop"] > 0 and faults["hang"] > 0
+    assert kinds.get("ConnectError", 0) > 0  # refused while the listener was down
+    assert kinds.get("ReadTimeout", 0) >= 1  # a hung request ended by request_timeout_s
+    # every other retry is a dropped stream, a hung request, or one cut by the outage's abort
+    broken = retries - faults["500"] - faults["429"] - kinds["ConnectError"]
+    assert broken >= faults["drop"]
+    assert not re.search(r"error: ", log)
+    print(f"fault run: {wall:.1f} s, {len(ids)} responses, {tokens} tokens, retries {retries} {kinds}, "
+          f"server faults {faults}")
+
+
+def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when_back(
+        tmp_path, server, tiny_tokenizer):
+    deadline = 5
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "40", "--outage-at", "8", "--outage-for", "3600")
+    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 300, token_budget=10**6, concurrency=4)
+    wf.config["server"]["unreachable_deadline_s"] = deadline
+    wf.write_config()
+    proc = wf.start("--cores", "2", "results/F/raw_responses.jsonl")
+    log_path = wf.path("logs", "inference", "F.log")
+    try:
+        wait_for(lambda: "mock_server outage:" in srv.log_path.read_text(), timeout=60, what="the outage")
+        t_down = time.monotonic()
+        wait_for(lambda: log_path.exists() and "error: " in log_path.read_text(), timeout=deadline + 60,
+                 interval=0.05, what="the inference job's error line")
+        failed_after = time.monotonic() - t_down
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            wf.killpg(proc)
+    log = log_path.read_text()
+    errors = [line for line in log.splitlines() if "error: " in line]
+    assert len(errors) == 1 and srv.base_url in errors[0] and f"deadline {deadline} s" in errors[0], log[-3000:]
+    assert "Traceback" not in log
+    # no success since the outage began: the deadline runs from the last response journaled before it
+    assert deadline <= failed_after + 1.0 and failed_after <= deadline + 8, failed_after
+    before = wf.journal_lines("F")  # all whole lines (journal_lines drops a torn tail; there is none)
+    assert before and wf.path("results", "F", "journal.jsonl").read_text().endswith("\n")
+    assert len({json.loads(x)["id"] for x in before}) == len(before)
+    assert not wf.path("results", "F", "inference.done").exists()
+    # the server comes back (a new one on the same port): the next run resumes and completes
+    from budgetgen import mock_server
+
+    mock_server.stop(srv)
+    back = server("--mean-tokens", "20", "--port", str(srv.port))
+    assert back.base_url == srv.base_url
+    wf.run("--cores", "2", "results/F/raw_responses.jsonl")
+    after = wf.journal_lines("F")
+    assert after[: len(before)] == before and len(after) == 300
+    assert len(set(journal_ids(wf))) == 300
+    assert f"Resuming: {len(before)} already done" in log_path.read_text()
+    assert server_stats(back)["requests"] == 300 - len(before)  # nothing journaled was asked for again
+    print(f"server down: job failed {failed_after:.1f} s after the outage (deadline {deadline} s): {errors[0]}")
+
+
+def inference_pid(proc):
+    """The pid of the inference job's python process under snakemake (same process group)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
+    from soak import group_members
+
+    found = [pid for pid, cmd in group_members(proc.pid) if "run_inference.py" in cmd and pid != proc.pid]
+    return found[0] if found else None
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("target", ["inference", "group"])
+def test_sigterm_under_snakemake_stops_within_10s_and_resume_loses_nothing(
+        tmp_path, server, tiny_tokenizer, target):
+    """Preemption: SIGTERM to the inference job alone, or to the whole process group (what a batch
+    scheduler's preemption sends to every process of the job)."""
+    srv = server("--mean-tokens", "100", "--tokens-per-s", "50")
+    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 56, token_budget=10**6, concurrency=8)
+    proc = wf.start("--cores", "2", "results/F/raw_responses.jsonl")
+    try:
+        wait_for(lambda: len(wf.journal_lines("F")) >= 10, timeout=90, what="10 journaled responses")
+        pid = inference_pid(proc)
+        assert pid, "no inference process in snakemake's process group"
+        t0 = time.monotonic()
+        if target == "inference":
+            os.kill(pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+        wait_for(lambda: not alive(pid), timeout=10, interval=0.02, what="the inference process to exit")
+        job_exit_s = time.monotonic() - t0
+        rc = proc.wait(timeout=60)
+        snakemake_exit_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            wf.killpg(proc)
+    assert rc != 0
+    log = wf.path("logs", "inference", "F.log").read_text()
+    assert "SIGTERM received: stop dispatching" in log and "Stopped by SIGTERM: journal flushed" in log
+    assert not wf.path("results", "F", "inference.done").exists()
+    data = wf.path("results", "F", "journal.jsonl").read_bytes()
+    assert data.endswith(b"\n")  # flushed whole
+    kept = wf.journal_lines("F")
+    m = re.search(r"Stopped by SIGTERM: journal flushed \((\d+) responses", log)
+    assert m and int(m.group(1)) == len(kept)  # what the job said it kept is what is on disk
+    requests_before = server_stats(srv)["requests"]
+    wf.run("--cores", "2", "results/F/raw_responses.jsonl")  # no --unlock needed: snakemake exited cleanly
+    after = wf.journal_lines("F")
+    assert after[: len(kept)] == kept and len(after) == 56 and len(set(journal_ids(wf))) == 56
+    assert f"Resuming: {len(kept)} already done" in wf.path("logs", "inference", "F.log").read_text()
+    assert server_stats(srv)["requests"] - requests_before == 56 - len(kept)
+    print(f"SIGTERM to {target}: inference exited {job_exit_s:.2f} s after, snakemake {snakemake_exit_s:.2f} s "
+          f"(rc {rc}), {len(kept)} responses kept")
+
+
+# -- disk full ---------------------------------------------------------------------------------------
+@pytest.fixture
+def small_fs(tmp_path):
+    """mount(dir, size): a tmpfs of `size` on dir (root only), unmounted at teardown."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = []
+
+    def mount(path, size):
+        path.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path, leave):
+    """Fill the filesystem of `path` with a dummy file until `leave` bytes are free."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    with open(path / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return path / "filler"
+
+
+def test_disk_full_under_the_journal_fails_clearly_without_torn_record_and_resumes(
+        tmp_path, server, tiny_tokenizer, small_fs):
+    srv = server("--mean-tokens", "150", "--tokens-per-s", "0")
+    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 150, token_budget=10**6, concurrency=4)
+    results = small_fs(wf.path("results", "F"), "2m")  # the journal's filesystem
+    filler = fill(results, 96 * 1024)
+    p = wf.run("--cores", "2", "results/F/raw_responses.jsonl", check=False)
+    assert p.returncode != 0
+    log = wf.path("logs", "inference", "F.log").read_text()
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: results/F/journal.jsonl: cannot append to journal (No space left on device)"], \
+        log[-3000:]
+    assert "Traceback" not in log
+    data = wf.path("results", "F", "journal.jsonl").read_bytes()
+    assert data.endswith(b"\n")  # no torn record past the last whole line
+    kept = data.decode().splitlines(keepends=True)
+    assert 0 < len(kept) < 150 and all(json.loads(x)["id"] for x in kept)
+    assert not wf.path("results", "F", "inference.done").exists()
+    filler.unlink()  # space returns
+    wf.run("--cores", "2", "results/F/raw_responses.jsonl")
+    after = wf.journal_lines("F")
+    assert after[: len(kept)] == kept and len(after) == 150 and len(set(journal_ids(wf))) == 150
+    assert len(wf.records("F", "raw_responses.jsonl")) == 150
+    print(f"disk full: {errors[0]} ({len(kept)} whole records kept)")
+
+
+def test_disk_full_at_finalize_fails_in_one_line_leaving_the_journal_and_resumes(
+        tmp_path, server, tiny_tokenizer, small_fs):
+    """raw_responses.jsonl lives next to the journal and is as large: a disk the journal just fits on
+    fills at finalize."""
+    srv = server("--mean-tokens", "150")
+    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 60, token_budget=10**6, concurrency=4)
+    results = small_fs(wf.path("results", "F"), "2m")
+    wf.run("--cores", "2", "results/F/inference.done")
+    journal = wf.path("results", "F", "journal.jsonl").read_bytes()
+    filler = fill(results, 0)
+    p = wf.run("--cores", "2", "results/F/tokenized.arrow", check=False)
+    assert p.returncode != 0
+    log = wf.path("logs", "finalize", "F.log").read_text()
+    assert log.strip().splitlines() == [
+        "error: results/F/raw_responses.jsonl: cannot write (No space left on device); free space and rerun"], log
+    assert wf.path("results", "F", "journal.jsonl").read_bytes() == journal
+    assert not wf.path("results", "F", "raw_responses.jsonl").exists()
+    assert not [f for f in os.listdir(results) if f.endswith(".tmp")]  # the partial copy was removed
+    filler.unlink()
+    wf.run("--cores", "2", "results/F/tokenized.arrow")
+    assert len(wf.records("F", "raw_responses.jsonl")) == 60
+
+
+def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny_tokenizer, small_fs):
+    """The other writers on the journal's filesystem, each run on a full disk: the status checkpoint,
+    tokenize, and an inference rerun (its lock file) -- one `error:` line each, no traceback."""
+    import sys
+
+    from conftest import REPO
+
+    d = small_fs(tmp_path / "full", "256k")
+    write_prompts(tmp_path / "prompts.jsonl", 5)
+    rec = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],
+           "finish_reason": "stop", "params": {"model": "m", "max_tokens": 8}, "served_model": "m",
+           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    (d / "journal.jsonl").write_text(json.dumps(rec) + "\n")
+    (d / "raw.jsonl").write_text(json.dumps(rec) + "\n")
+    fill(d, 0)
+    py, s = sys.executable, REPO / "scripts"
+    runs = {
+        "status.json": [py, s / "budget_status.py", "--dataset", "F", "--journal", d / "journal.jsonl", "--errors",
+                        d / "e.jsonl", "--prompts", tmp_path / "prompts.jsonl", "--output", d / "status.json"],
+        "tok.arrow": [py, s / "tokenize_responses.py", "--input", d / "raw.jsonl", "--output", d / "tok.arrow",
+                      "--tokenizer", tiny_tokenizer, "--max-length", "256"],
+        "journal.jsonl.lock": [py, s / "run_inference.py", "--dataset", "F", "--prompts", tmp_path / "prompts.jsonl",
+                               "--journal", d / "journal.jsonl", "--errors", d / "e.jsonl", "--done", d / "done",
+                               "--budget", "100", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+    }
+    for name, cmd in runs.items():
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120)
+        err = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert len(err) == 1 and err[0].startswith(f"error: {d / name}: cannot write"), err
+        assert "No space left on device" in err[0]
+    assert sorted(os.listdir(d)) == ["filler", "journal.jsonl", "journal.jsonl.lock", "raw.jsonl"]  # no temp files
