@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up (first use) and run every benchmark; each prints its table and writes bench/results/NAME.md.
+#   bash bench/run_all.sh            the default sizes (about 15 min on 2 cores)
+#   bash bench/run_all.sh --quick    smoke sizes (a few minutes)
+# Extra arguments go to every benchmark (--quick is understood by all of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash bin/setup
+.venv/bin/python -m pip install -q -r bench/requirements.txt
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+for b in budget occupancy client tokenize resume dag; do
+  if [[ -f "bench/bench_$b.py" ]]; then
+    echo "=== bench_$b.py $*" >&2
+    .venv/bin/python "bench/bench_$b.py" "$@"
+  fi
+done
+echo "tables: bench/results/*.md" >&2
