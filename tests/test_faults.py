@@ -303,3 +303,50 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
         assert len(err) == 1 and err[0].startswith(f"error: {d / name}: cannot write"), err
         assert "No space left on device" in err[0]
     assert sorted(os.listdir(d)) == ["filler", "journal.jsonl", "journal.jsonl.lock", "raw.jsonl"]  # no temp files
+
+
+# -- retry accounting (direct runs of the inference job) ---------------------------------------------
+def run_job(tmp_path, base_url, **kw):
+    import sys
+
+    from conftest import REPO
+
+    a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
+         "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
+         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
+         "--base-url", base_url, "--model", "mock-model", "--progress-interval-s", "0.5"]
+    for k, v in kw.items():
+        a += ["--" + k.replace("_", "-"), str(v)]
+    p = subprocess.run(a, capture_output=True, text=True, timeout=120)
+    p.output = p.stdout + p.stderr
+    return p
+
+
+def test_connection_errors_of_an_outage_do_not_use_up_max_retries(tmp_path, server):
+    """One request: cut by the outage (a retry), refused while the listener is down (connection
+    errors, retried until the deadline), then a 500 (fault seed 14: request #1 fine, #2 a 500, #3
+    fine) -- 2 HTTP/stream retries, within max_retries 2. Counting the connection errors too gave up
+    on the prompt after the outage and failed the run."""
+    write_prompts(tmp_path / "prompts.jsonl", 1)
+    srv = server("--mean-tokens", "100", "--tokens-per-s", "20", "--outage-at", "3.5", "--outage-for", "4",
+                 "--fail-500", "0.5", "--fault-seed", "14")
+    p = run_job(tmp_path, srv.base_url, budget=10**6, max_retries=2, concurrency=1, startup_wait_s=10,
+                unreachable_deadline_s=60)
+    assert p.returncode == 0 and "giving up" not in p.output, p.output[-3000:]
+    retries, kinds = done_line(p.output)
+    assert kinds.get("ConnectError", 0) >= 2 and kinds["HTTP 500"] == 1
+    assert retries - kinds["ConnectError"] == 2  # the cut stream and the 500
+    assert json.loads((tmp_path / "done.json").read_text())["state"] == "exhausted"
+    assert len((tmp_path / "j.jsonl").read_text().splitlines()) == 1
+
+
+def test_budget_met_despite_a_prompt_out_of_retries_is_success(tmp_path, server):
+    """max_retries 0 and request #1 a 500 (fault seed 9): that prompt is deferred, the next two meet
+    the budget; the job is done (met), not failed with 'rerun to retry them'."""
+    write_prompts(tmp_path / "prompts.jsonl", 10)
+    srv = server("--mean-tokens", "20", "--fail-500", "0.5", "--fault-seed", "9")
+    p = run_job(tmp_path, srv.base_url, budget=40, max_retries=0, concurrency=1, max_tokens=64)
+    assert p.returncode == 0, p.output[-3000:]
+    assert "giving up on " in p.output  # the scenario happened
+    done = json.loads((tmp_path / "done.json").read_text())
+    assert done["state"] == "met" and done["tokens"] >= 40

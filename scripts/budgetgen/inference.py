@@ -154,6 +154,7 @@ class InferenceJob:
         s = self.s
         messages = [dict(m) for m in prompt.messages]
         attempt = 0
+        http_retries = 0  # connection errors retry until the deadline and do not use up max_retries
         t0 = time.time()
         while True:
             slot[1] = 0
@@ -174,7 +175,8 @@ class InferenceJob:
                     raise ServerDown(f"server at {', '.join(self.client.urls)} failing for {down_for:.0f} s "
                                      f"(deadline {s.unreachable_deadline_s:g} s; last error: {exc})") from None
                 attempt += 1
-                if attempt > s.max_retries and not exc.connection:
+                http_retries += not exc.connection
+                if http_retries > s.max_retries:
                     self.log(f"giving up on {prompt.id} for this run after {attempt} attempts: {exc}")
                     self.deferred.append(prompt)
                     return
@@ -334,7 +336,7 @@ class InferenceJob:
         met = st.tokens >= s.budget
         exhausted = not self.queue and not self.inflight and not self.deferred
         self.log(self.progress_line())
-        if self.deferred:
+        if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
             self.log(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
             return 1
         state = "met" if met else ("exhausted" if exhausted else "partial")
