@@ -37,50 +37,84 @@ def journal_ids(wf):
     return [r["id"] for r in wf.records("F")]
 
 
+def job_cmd(tmp_path, base_url, **kw):
+    """The inference job run directly (the command rule `inference` runs), in tmp_path."""
+    import sys
+
+    from conftest import REPO
+
+    a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
+         "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
+         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
+         "--base-url", base_url, "--model", "mock-model", "--progress-interval-s", "0.5"]
+    for k, v in kw.items():
+        a += ["--" + k.replace("_", "-"), str(v)]
+    return a
+
+
 def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and_retries_logged(
-        tmp_path, server, tiny_tokenizer):
+        tmp_path, server):
+    """The inference job itself (no snakemake start-up in the timing): a backoff begun during the
+    outage can last up to 30 s past it, which is most of this test's run time."""
     outage_for = 60 if SOAK else 6
     # 10 % HTTP 500, 5 % 429 + Retry-After, 5 % streams dropped mid-response, 1 % never answered
     # (the client's request_timeout_s must end them), and the listener down for outage_for seconds
-    # while the job is generating (snakemake takes ~5 s to reach the inference job).
+    # while the job is generating (it starts dispatching ~1.5 s after launch).
     srv = server("--mean-tokens", "20", "--tokens-per-s", "20", "--fail-500", "0.10", "--fail-429", "0.05",
                  "--retry-after", "0.5", "--drop", "0.05", "--hang", "0.01", "--fault-seed", "11",
-                 "--outage-at", "12", "--outage-for", outage_for)
-    wf = make(tmp_path, srv.base_url, tiny_tokenizer, 400, token_budget=2400)
-    wf.config["server"].update(request_timeout_s=2, unreachable_deadline_s=outage_for + 30)
-    wf.write_config()
+                 "--outage-at", "5", "--outage-for", outage_for)
+    write_prompts(tmp_path / "prompts.jsonl", 400)
+    journal = tmp_path / "j.jsonl"
     t0 = time.monotonic()
-    proc = wf.start("--cores", "2", "results/F/raw_responses.jsonl")
+    proc = subprocess.Popen(job_cmd(tmp_path, srv.base_url, budget=1000, max_tokens=256, concurrency=8,
+                                    request_timeout_s=2, unreachable_deadline_s=outage_for + 30),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: "mock_server outage:" in srv.log_path.read_text(), timeout=60, what="the outage")
-        at_outage = len(wf.journal_lines("F"))
-        assert at_outage > 0 and not wf.path("results", "F", "inference.done").exists()  # mid-run
-        assert proc.wait(timeout=outage_for + 120) == 0, wf.path("snakemake.out").read_text()[-4000:]
+        at_outage = len(journal.read_text().splitlines()) if journal.exists() else 0
+        assert at_outage > 0 and proc.poll() is None  # mid-run
+        log, _ = proc.communicate(timeout=outage_for + 120)
     finally:
         if proc.poll() is None:
-            wf.killpg(proc)
+            proc.kill()
+            proc.wait()
     wall = time.monotonic() - t0
-    ids = journal_ids(wf)
+    assert proc.returncode == 0, log[-4000:]
+    recs = [json.loads(x) for x in journal.read_text().splitlines()]
+    ids = [r["id"] for r in recs]
     assert len(ids) > at_outage and len(set(ids)) == len(ids)
-    raw = wf.records("F", "raw_responses.jsonl")
-    assert sorted(r["id"] for r in raw) == sorted(ids)
-    done = json.loads(wf.path("results", "F", "inference.done").read_text())
-    tokens = sum(r["usage"]["completion_tokens"] for r in raw)
-    assert done["state"] == "met" and done["tokens"] == tokens >= 2400
-    log = wf.path("logs", "inference", "F.log").read_text()
+    done = json.loads((tmp_path / "done.json").read_text())
+    tokens = sum(r["usage"]["completion_tokens"] for r in recs)
+    assert done["state"] == "met" and done["tokens"] == tokens >= 1000
     retries, kinds = done_line(log)
     faults = server_stats(srv)["faults"]
     assert retries == done["retries"] == sum(kinds.values())
     assert kinds["HTTP 500"] == faults["500"] > 0 and kinds["HTTP 429"] == faults["429"] > 0
     assert faults["drop"] > 0 and faults["hang"] > 0
     assert kinds.get("ConnectError", 0) > 0  # refused while the listener was down
-    assert kinds.get("ReadTimeout", 0) >= 1  # a hung request ended by request_timeout_s
+    # a hung request ends by request_timeout_s (ReadTimeout), or by the outage's abort if it hung before
+    # it; either way the run could not have finished with one still hanging
     # every other retry is a dropped stream, a hung request, or one cut by the outage's abort
     broken = retries - faults["500"] - faults["429"] - kinds["ConnectError"]
     assert broken >= faults["drop"]
-    assert not re.search(r"error: ", log)
+    assert "error: " not in log and "giving up" not in log
+    slowest = max(recs, key=lambda r: r["latency_s"])
     print(f"fault run: {wall:.1f} s, {len(ids)} responses, {tokens} tokens, retries {retries} {kinds}, "
-          f"server faults {faults}")
+          f"server faults {faults}; slowest response {slowest['latency_s']} s after {slowest['attempts']} attempts")
+
+
+def test_hung_requests_are_ended_by_request_timeout_and_retried(tmp_path, server):
+    """30 % of requests never answered; request_timeout_s 1 ends each (one ReadTimeout retry per hang)."""
+    write_prompts(tmp_path / "prompts.jsonl", 30)
+    srv = server("--mean-tokens", "10", "--hang", "0.3", "--fault-seed", "5")
+    t0 = time.monotonic()
+    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=8, request_timeout_s=1)
+    assert p.returncode == 0, p.output[-3000:]
+    retries, kinds = done_line(p.output)
+    hangs = server_stats(srv)["faults"]["hang"]
+    assert hangs > 0 and kinds == {"ReadTimeout": hangs} and retries == hangs
+    assert len({json.loads(x)["id"] for x in (tmp_path / "j.jsonl").read_text().splitlines()}) == 30
+    print(f"hangs: {hangs} ended by the 1 s request timeout, run {time.monotonic() - t0:.1f} s")
 
 
 def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when_back(
@@ -307,17 +341,7 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
 
 # -- retry accounting (direct runs of the inference job) ---------------------------------------------
 def run_job(tmp_path, base_url, **kw):
-    import sys
-
-    from conftest import REPO
-
-    a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
-         "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
-         "--base-url", base_url, "--model", "mock-model", "--progress-interval-s", "0.5"]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    p = subprocess.run(a, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(job_cmd(tmp_path, base_url, **kw), capture_output=True, text=True, timeout=120)
     p.output = p.stdout + p.stderr
     return p
 
