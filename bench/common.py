@@ -58,3 +58,44 @@ def report(name, title, headers, rows, notes=()):
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text)
     return text
+
+
+def server_stats(base_url):
+    """GET /stats of a mock server, given its .../v1 base URL."""
+    import httpx
+
+    return httpx.get(base_url.rsplit("/v1", 1)[0] + "/stats", timeout=10).json()
+
+
+def settled_stats(base_url, timeout=10.0):
+    """/stats once nothing is generating or waiting any more (cancelled streams take a moment to unwind)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = server_stats(base_url)
+        if (st["active"] == 0 and st["waiting"] == 0) or time.monotonic() > deadline:
+            return st
+        time.sleep(0.05)
+
+
+def occupancy(timeline, slots):
+    """From a /stats occupancy timeline ([t, active] samples): (busy share, share of time with fewer than
+    half the slots busy, span s), time-weighted from the first sample with a request running to the last."""
+    busy = [i for i, (_, a) in enumerate(timeline) if a > 0]
+    if len(busy) < 2:
+        return float("nan"), float("nan"), 0.0
+    pts = timeline[busy[0]:busy[-1] + 1]
+    span = pts[-1][0] - pts[0][0]
+    if span <= 0:
+        return float("nan"), float("nan"), 0.0
+    slot_s = low_s = 0.0
+    for (t0, a), (t1, _) in zip(pts, pts[1:]):
+        slot_s += min(a, slots) * (t1 - t0)
+        low_s += (t1 - t0) if a < slots / 2 else 0.0
+    return slot_s / (slots * span), low_s / span, span
+
+
+def exit_on_sigterm():
+    """Turn SIGTERM into SystemExit, so `finally` blocks stop the servers a benchmark started."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -322,7 +322,10 @@ class Soak:
                 if set(ids) != set(self.ref[ds]["raw"]):
                     failures.append(f"final: {ds}: journal ids differ from the reference")
             break
+        # temporary files of atomic writes a kill cut short (harmless; counted, not a failure)
+        left = sorted(str(f.relative_to(wf.dir)) for f in wf.path("results").rglob(".*.tmp*"))
         return {"seed": seed, "passed": not failures, "kills": kills, "runs": runs, "failures": failures,
+                "temp_files_left": left,
                 "wall_s": round(time.monotonic() - t_trial, 1), "dir": str(wf.dir)}
 
 
@@ -350,6 +353,8 @@ def main(argv=None):
                   f"({r['runs']} runs, kills: {kills}, {r['wall_s']} s)", flush=True)
             for f in r["failures"]:
                 print(f"  {f}", flush=True)
+            if r["temp_files_left"]:
+                print(f"  temporary files left by killed writes: {r['temp_files_left']}", flush=True)
             if r["passed"] and not a.keep:
                 shutil.rmtree(r["dir"], ignore_errors=True)
     finally:
@@ -360,6 +365,7 @@ def main(argv=None):
             "kills": sum(len(r["kills"]) for r in results), "kills_by_phase": dict(sorted(phases.items())),
             "trials_without_kill": sum(not r["kills"] for r in results),
             "torn_tails_seen": sum(x["torn_bytes"] > 0 for r in results for x in r["kills"]),
+            "temp_files_left": sum(len(r["temp_files_left"]) for r in results),
             "reference_run_s": round(soak.ref_s or 0, 1), "tokens_per_s": a.tokens_per_s, "seed": a.seed,
             "max_kills": a.max_kills, "failed_seeds": [r["seed"] for r in results if not r["passed"]],
             "wall_s": round(time.monotonic() - t0, 1)}
