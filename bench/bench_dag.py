@@ -27,6 +27,7 @@ import json
 import os
 import pstats
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -155,14 +156,20 @@ def trivial_cmd(d):
     return [sys.executable, "-m", "snakemake", "-s", str(d / "Snakefile"), "-d", str(d), "-n", "all"]
 
 
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def dry_run(cmd):
-    t0 = time.perf_counter()
+    """(wall s, CPU s of the snakemake process, its output)."""
+    t0, c0 = time.perf_counter(), children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, children_cpu() - c0
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[-8:])} failed ({proc.returncode}):\n{out[-4000:]}")
-    return wall, out
+    return wall, cpu, out
 
 
 # Where a dry-run's time goes: (label, file suffix, function) whose cumulative time is reported.
@@ -219,38 +226,47 @@ def main():
                 for rep in range(args.reps):
                     pair = [("budgetgen", budgetgen_cmd(wd)), ("trivial", trivial_cmd(tv))]
                     for name, cmd in (pair if rep % 2 == 0 else pair[::-1]):
-                        wall, out = dry_run(cmd)
-                        times[name].append(wall)
+                        wall, cpu, out = dry_run(cmd)
+                        times[name].append((wall, cpu))
                         if counts is None:  # budgetgen's first run: what the trivial workflow must plan
                             counts = job_counts(out)
                             check_listing(out, n, state)
                             make_trivial(tv, n, counts)
                         elif name == "trivial" and job_counts(out) != counts:
                             raise RuntimeError(f"trivial workflow plans {job_counts(out)}, budgetgen {counts}")
-                b, t = common.median(times["budgetgen"]), common.median(times["trivial"])
-                print(f"  {n} datasets, {state}: budgetgen {b:.2f} s, trivial {t:.2f} s "
-                      f"({sum(counts.values())} jobs)", file=sys.stderr, flush=True)
-                rows.append([n, state, sum(counts.values()), f"{b:.2f}", f"{t:.2f}", f"{b / t:.2f}x",
-                             f"{b - t:+.2f}", "yes" if b <= GOAL_S else "NO"])
-                worst[(n, state)] = b
+                (b, bc), (t, tc) = [(common.median([w for w, _ in times[k]]), common.median([c for _, c in times[k]]))
+                                    for k in ("budgetgen", "trivial")]
+                print(f"  {n} datasets, {state}: budgetgen {b:.2f} s ({bc:.2f} s CPU), trivial {t:.2f} s "
+                      f"({tc:.2f} s CPU), {sum(counts.values())} jobs", file=sys.stderr, flush=True)
+                rows.append([n, state, sum(counts.values()), f"{b:.2f}", f"{bc:.2f}", f"{t:.2f}", f"{tc:.2f}",
+                             f"{bc / tc:.2f}x", f"{bc - tc:+.2f}", "yes" if max(b, bc) <= GOAL_S else
+                             ("CPU yes, wall NO" if bc <= GOAL_S else "NO")])
+                worst[(n, state)] = (b, bc)
         largest = max(sizes)
-        if args.profile or (largest >= 500 and max(worst[(largest, s)] for s in ("fresh", "mix")) > GOAL_S):
+        state = max(("fresh", "mix"), key=lambda st: max(worst[(largest, st)]))
+        if args.profile or (largest >= 500 and max(worst[(largest, state)]) > GOAL_S):
             prof = tmp / "dag.prof"
-            wall, _ = dry_run(budgetgen_cmd(tmp / f"mix-{largest}", profile=prof))
-            notes += [f"profile ({largest} datasets, mix): " + line for line in profile_summary(prof, wall)]
+            wall, _, _ = dry_run(budgetgen_cmd(tmp / f"{state}-{largest}", profile=prof))
+            notes += [f"profile ({largest} datasets, {state}): " + line for line in profile_summary(prof, wall)]
 
-    over = [f"{n} {s} {v:.1f} s" for (n, s), v in worst.items() if n >= 500 and v > GOAL_S]
+    big = {k: v for k, v in worst.items() if k[0] >= 500}
+    verdict = ", ".join(f"{n} {s}: {w:.1f} s wall, {c:.1f} s CPU" for (n, s), (w, c) in big.items())
+    met_cpu, met_wall = all(c <= GOAL_S for _, c in big.values()), all(w <= GOAL_S for w, _ in big.values())
     notes = [
-        f"wall time of a whole `python -m snakemake -n all` process; medians of {args.reps} runs;"
-        f" {len(os.sched_getaffinity(0))} CPU cores, load average {os.getloadavg()[0]:.1f} at the end.",
+        f"a whole `python -m snakemake -n all` process each (startup included, as a user sees it): wall time and "
+        f"its CPU seconds (user + system; what the wall time is on an idle core, and not skewed by other load); "
+        f"medians of {args.reps} runs; {len(os.sched_getaffinity(0))} CPU cores, load average "
+        f"{os.getloadavg()[0]:.1f} at the end. Ratio and overhead: CPU seconds.",
         "mix = 1/3 met (journal over the budget + checkpoint output), 1/3 partial (half the budget + "
         "checkpoint output), 1/3 fresh; trivial = touch rules with the same jobs and edges.",
-        f"goal: <= {GOAL_S:g} s at 500 datasets: " + ("met" if not over else "missed (" + ", ".join(over) + ")")
-        + ("" if 500 in sizes else " (500 not run)") + ".",
+        (f"goal: <= {GOAL_S:g} s at 500 datasets: " + ("met" if met_cpu and met_wall else
+                                                      "met in CPU time, missed in wall time on this loaded machine"
+                                                      if met_cpu else "missed") + f" ({verdict}).")
+        if big else f"goal: <= {GOAL_S:g} s at 500 datasets: not run (sizes {sizes}).",
     ] + notes
     common.report("dag", "DAG: `snakemake -n all` wall time (budgetgen vs a trivial workflow with the same jobs)",
-                  ["datasets", "state", "jobs", "budgetgen s", "trivial s", "ratio", "overhead s",
-                   f"<= {GOAL_S:g} s"], rows, notes)
+                  ["datasets", "state", "jobs", "budgetgen wall s", "budgetgen CPU s", "trivial wall s",
+                   "trivial CPU s", "ratio", "overhead s", f"<= {GOAL_S:g} s"], rows, notes)
 
 
 if __name__ == "__main__":
