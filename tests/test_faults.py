@@ -66,7 +66,7 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
     write_prompts(tmp_path / "prompts.jsonl", 400)
     journal = tmp_path / "j.jsonl"
     t0 = time.monotonic()
-    proc = subprocess.Popen(job_cmd(tmp_path, srv.base_url, budget=1000, max_tokens=256, concurrency=8,
+    proc = subprocess.Popen(job_cmd(tmp_path, srv.base_url, budget=800, max_tokens=256, concurrency=4,
                                     request_timeout_s=2, unreachable_deadline_s=outage_for + 30),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -85,7 +85,7 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
     assert len(ids) > at_outage and len(set(ids)) == len(ids)
     done = json.loads((tmp_path / "done.json").read_text())
     tokens = sum(r["usage"]["completion_tokens"] for r in recs)
-    assert done["state"] == "met" and done["tokens"] == tokens >= 1000
+    assert done["state"] == "met" and done["tokens"] == tokens >= 800
     retries, kinds = done_line(log)
     faults = server_stats(srv)["faults"]
     assert retries == done["retries"] == sum(kinds.values())

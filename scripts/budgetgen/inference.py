@@ -180,7 +180,10 @@ class InferenceJob:
                     self.log(f"giving up on {prompt.id} for this run after {attempt} attempts: {exc}")
                     self.deferred.append(prompt)
                     return
-                await asyncio.sleep(backoff_delay(min(attempt, 6), retry_after=exc.retry_after))
+                # the exponent counts failures of this kind: after an outage's connection errors, a
+                # 500 or 429 from the server that is back waits like a first retry, not up to the cap
+                step = attempt if exc.connection else http_retries
+                await asyncio.sleep(backoff_delay(min(step, 6), retry_after=exc.retry_after))
                 continue
             except PermanentError as exc:
                 self.discarded_tokens += slot[1]
