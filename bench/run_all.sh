@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 bash bin/setup
 .venv/bin/python -m pip install -q -r bench/requirements.txt
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+start=$SECONDS
+times=()
 for b in budget occupancy client tokenize resume dag; do
-  if [[ -f "bench/bench_$b.py" ]]; then
-    echo "=== bench_$b.py $*" >&2
-    .venv/bin/python "bench/bench_$b.py" "$@"
-  fi
+  echo "=== bench_$b.py $*" >&2
+  t0=$SECONDS
+  .venv/bin/python "bench/bench_$b.py" "$@"
+  times+=("bench_$b.py $((SECONDS - t0)) s")
 done
-echo "tables: bench/results/*.md" >&2
+printf '%s\n' "${times[@]}" "all: $((SECONDS - start)) s; tables: bench/results/*.md" >&2

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import formats, journal
-from .budget import DispatchPolicy, LengthModel, overshoot_pct
+from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
 from .fsutil import write_json_atomic
@@ -113,7 +113,7 @@ class InferenceJob:
         self.s = settings
         self.log = log
         self.stop_signal = None
-        self.inflight = {}  # task -> [prompt, streamed tokens]
+        self.inflight = {}  # task -> StreamProgress of its prompt's current attempt
         self.retries = 0
         self.retry_kinds = {}
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
@@ -150,23 +150,23 @@ class InferenceJob:
         self.policy = DispatchPolicy(s.budget, self.model)
 
     # -- requests ------------------------------------------------------------------------
-    async def run_one(self, prompt, slot):
+    async def run_one(self, prompt, progress):
         s = self.s
         messages = [dict(m) for m in prompt.messages]
         attempt = 0
         http_retries = 0  # connection errors retry until the deadline and do not use up max_retries
         t0 = time.time()
         while True:
-            slot[1] = 0
+            progress.reset()
 
-            def on_token(n, slot=slot):
-                slot[1] += n
+            def on_token(n, progress=progress):
+                progress.add(n, time.monotonic())
 
             try:
                 res = await self.client.chat(messages, self.params, on_token=on_token,
                                              return_token_ids=s.return_token_ids)
             except TransientError as exc:
-                self.discarded_tokens += slot[1]
+                self.discarded_tokens += progress.seen
                 kind = str(exc).split(":")[0]
                 self.retries += 1
                 self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
@@ -186,7 +186,7 @@ class InferenceJob:
                 await asyncio.sleep(backoff_delay(min(step, 6), retry_after=exc.retry_after))
                 continue
             except PermanentError as exc:
-                self.discarded_tokens += slot[1]
+                self.discarded_tokens += progress.seen
                 self.errors += 1
                 journal.append_error(s.errors, {"id": prompt.id, "messages": messages, "status": exc.status,
                                                 "error": exc.message, "params": self.params,
@@ -223,7 +223,7 @@ class InferenceJob:
         s, st = self.s, self.state
         rps, tps = self.rates.rates()
         pct = 100.0 * st.tokens / s.budget if s.budget else 100.0
-        streaming = sum(v[1] for v in self.inflight.values())
+        streaming = sum(p.seen for p in self.inflight.values())
         eta = (s.budget - st.tokens) / tps if tps > 0 and st.tokens < s.budget else (0 if st.tokens >= s.budget else None)
         return (f"progress: {st.records} responses, {st.tokens}/{s.budget} tokens ({pct:.1f}%), "
                 f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {len(self.inflight)} ({streaming} tokens streamed), "
@@ -294,7 +294,7 @@ class InferenceJob:
                 task.cancel()
             if self.inflight:
                 await asyncio.gather(*self.inflight, return_exceptions=True)
-                self.discarded_tokens += sum(v[1] for v in self.inflight.values())
+                self.discarded_tokens += sum(p.seen for p in self.inflight.values())
             self.writer.close()
             await self.client.aclose()
             if self.server:
@@ -309,15 +309,19 @@ class InferenceJob:
             return EXIT_SIGNAL[self.stop_signal]
         return self.finish()
 
+    def generated_in_flight(self):
+        now = time.monotonic()
+        return [p.generated(now) for p in self.inflight.values()]
+
     async def dispatch_loop(self):
         s = self.s
         while self.stop_signal is None:
             while (len(self.inflight) < s.concurrency and self.queue
-                   and self.policy.may_dispatch(self.state.tokens, [v[1] for v in self.inflight.values()])):
+                   and self.policy.may_dispatch(self.state.tokens, self.generated_in_flight())):
                 prompt = self.queue.popleft()
-                slot = [prompt, 0]
-                task = asyncio.create_task(self.run_one(prompt, slot))
-                self.inflight[task] = slot
+                progress = StreamProgress()
+                task = asyncio.create_task(self.run_one(prompt, progress))
+                self.inflight[task] = progress
             if not self.inflight:
                 return
             self.wake.clear()
