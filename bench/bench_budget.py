@@ -138,11 +138,11 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, help="runs per policy (default 5; --quick 3)")
     ap.add_argument("--scale", type=float, help="lengths and budget divided by this (default 100)")
     ap.add_argument("--sigma", type=float, default=0.8, help="lognormal sigma of log length (default %(default)s)")
-    ap.add_argument("--rate-per-mean", type=float, default=1.0,
+    ap.add_argument("--rate-per-mean", type=float, default=2.0,
                     help="per-stream tokens/s as a multiple of the mean length (default %(default)s: a mean-length "
-                         "response takes 1 s; much faster and this machine's client, not the server, sets the pace)")
+                         "response takes 0.5 s; much faster and this machine's client, not the server, sets the pace)")
     ap.add_argument("--chunk-interval-s", type=float,
-                    help="seconds between two chunks of a stream (default 0.1; --full 0.5)")
+                    help="seconds between two chunks of a stream (default 0.2; --full 0.5)")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (default all)")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()
@@ -155,7 +155,7 @@ def main(argv=None):
     sh = shape(scale)
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
-        args.chunk_interval_s = 0.1 if scale >= 16 else 0.5
+        args.chunk_interval_s = 0.2 if scale >= 16 else 0.5
 
     per = {p: [] for p in policies}
     with tempfile.TemporaryDirectory(prefix="bench_budget.") as tmp:
@@ -203,8 +203,8 @@ def main(argv=None):
            "are as in production; --full runs the exact shape."),
         f"Per-stream rate {args.rate_per_mean:g} x mean tokens/s ({args.rate_per_mean * sh['mean']:g} tokens/s, "
         f"chunks every {args.chunk_interval_s:g} s): a mean-length response takes {1 / args.rate_per_mean:g} s. "
-        "Faster and the client, not the server, would set the pace on this machine (~140 responses/s at 150 "
-        "streams), which is also why one run takes ~20 s.",
+        "Much faster and this machine's client and mock server (2 cores), not the per-stream rate, would set "
+        "the pace; at this rate one run takes ~15 s.",
         "not kept = server tokens_generated - kept tokens (generated for nothing); abandoned = cut off "
         "mid-stream (tokens_abandoned). Time < half slots busy: share of first-request-to-last-response "
         "time with fewer than 75 of 150 slots generating (server occupancy timeline).",

@@ -155,7 +155,7 @@ def one_run(client, rep, work, prompts, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests per run")
-    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 3000, quick 1000)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2000, quick 1000)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=150)
     ap.add_argument("--mean-tokens", type=int, default=16)
@@ -167,7 +167,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child_main(args)
-    args.requests = args.requests or (1000 if args.quick else 3000)
+    args.requests = args.requests or (1000 if args.quick else 2000)
 
     runs = {c: [] for c in CLIENTS}
     with tempfile.TemporaryDirectory(prefix="bench_client.") as tmp:

@@ -123,11 +123,11 @@ def main(argv=None):
                     help="comma-separated oversubscription factors to try besides exact (default %(default)s)")
     ap.add_argument("--scale", type=float, default=50.0,
                     help="production lengths divided by this (default %(default)s)")
-    ap.add_argument("--rate", type=float, default=100.0,
+    ap.add_argument("--rate", type=float, default=200.0,
                     help="per-stream tokens/s of the server (default %(default)s)")
     ap.add_argument("--chunk-interval-s", type=float, default=0.1)
     ap.add_argument("--sigma", type=float, default=0.8)
-    ap.add_argument("--run-s", type=float, default=20.0,
+    ap.add_argument("--run-s", type=float, default=10.0,
                     help="server-seconds of work in all budgets together at full occupancy (default %(default)s)")
     ap.add_argument("--cores", type=int, default=4, help="snakemake --cores (default %(default)s)")
     ap.add_argument("--target", default="inference",

@@ -23,7 +23,7 @@ tokens/s counts the tokens of the full conversations (the same number for every 
 
     .venv/bin/python bench/bench_tokenize.py [--quick | --full] [--conversations N] [--reps R]
 
-Default 8,000 conversations (2-3 min on 2 idle cores); --full is the 50,000 of the issue (~12 min).
+Default 4,000 conversations, 4 runs (~2 min on 2 idle cores); --full is the 50,000 of the issue (~12 min).
 """
 
 import argparse
@@ -212,8 +212,8 @@ def main():
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="3,000 conversations")
     size.add_argument("--full", action="store_true", help="50,000 conversations (several minutes)")
-    ap.add_argument("--conversations", type=int, default=None, help="default 8,000")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--conversations", type=int, default=None, help="default 4,000")
+    ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer", help=argparse.SUPPRESS)
@@ -221,7 +221,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    n = args.conversations or (3000 if args.quick else 50_000 if args.full else 8000)
+    n = args.conversations or (3000 if args.quick else 50_000 if args.full else 4000)
     available = len(os.sched_getaffinity(0))
     core_counts = [1, 2] if available >= 2 else [1]
     load0 = os.getloadavg()[0]
@@ -258,6 +258,15 @@ def main():
         times = [r[key] for r in results if (r["cores"], r["method"], r["processes"]) == (cores, method, procs)]
         return total / common.median(times) if times else None
 
+    def paired(cores, method, procs, base, base_procs):
+        """Median over repetitions of method's rate / base's rate in the same repetition.
+
+        The methods of one repetition run back to back, so their ratio is what this machine's speed
+        swings (CPU seconds of the same work vary by up to 1.5x from minute to minute) disturb least."""
+        key = "cpu" if cores == 1 else "wall"
+        by = {(r["method"], r["processes"], r["rep"]): r[key] for r in results if r["cores"] == cores}
+        return common.median([by[(base, base_procs, rep)] / by[(method, procs, rep)] for rep in range(args.reps)])
+
     labels = [("budgetgen", "budgetgen tokenize_file, processes = cores", "p"),
               ("budgetgen", "budgetgen tokenize_file, processes=1", 1),
               ("naive", "naive per-record loop (Pool of `cores` processes)", "p"),
@@ -271,9 +280,9 @@ def main():
             if method == "budgetgen" and procs == 1 and cores == 1:
                 row += ["(row above)", "", ""]
                 continue
-            r, naive, ceil = rate(cores, method, p), rate(cores, "naive", cores), rate(cores, "ceiling", 1)
-            row += [f"{r:,.0f}", f"{r / naive:.2f}x", f"{r / ceil:.2f}x"]
-            ratios[(method, procs, cores)] = (r / naive, r / ceil)
+            to_naive, to_ceil = paired(cores, method, p, "naive", cores), paired(cores, method, p, "ceiling", 1)
+            row += [f"{rate(cores, method, p):,.0f}", f"{to_naive:.2f}x", f"{to_ceil:.2f}x"]
+            ratios[(method, procs, cores)] = (to_naive, to_ceil)
         rows.append(row)
     headers = ["method"]
     for cores in core_counts:
@@ -290,7 +299,8 @@ def main():
     per_conv = total / n
     notes = [
         f"{n:,} conversations, {total:,} tokens ({per_conv:.0f} per conversation); tiny BPE (4096) with a "
-        f"ChatML template; medians of {args.reps} runs; {available} CPU core(s) available.",
+        f"ChatML template; {available} CPU core(s) available. tok/s: medians of {args.reps} runs; ratios (vs): "
+        "medians of the per-run ratios (the methods of a run go back to back, in alternating order).",
         "1 core: tokens per CPU second (user + system, all threads and worker processes) of a process pinned "
         "to one core: tok/s on an idle core, and not skewed by other load; 2 cores: wall-clock tok/s, "
         "meaningful only when both cores are idle.",
