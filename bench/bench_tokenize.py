@@ -27,6 +27,7 @@ Default 4,000 conversations, 4 runs (~2 min on 2 idle cores); --full is the 50,0
 """
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -171,7 +172,9 @@ def child(args):
             else:
                 encs = tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
                 tokens = sum(len(e.ids) for e in encs)
+                del encs  # freed inside the timing, not during the next method's (GBs at 50k conversations)
             wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            gc.collect()  # each method starts from the same heap
             results.append({"method": name, "processes": procs, "rep": rep, "wall": wall, "cpu": cpu,
                             "tokens": tokens})
             print(f"  {args.child} core(s) rep {rep}: {name} x{procs}: {tokens / wall:,.0f} tok/s "
