@@ -374,3 +374,63 @@ def test_budget_met_despite_a_prompt_out_of_retries_is_success(tmp_path, server)
     assert "giving up on " in p.output  # the scenario happened
     done = json.loads((tmp_path / "done.json").read_text())
     assert done["state"] == "met" and done["tokens"] >= 40
+
+
+# -- a torn errors.jsonl (issue 12 item 6) ------------------------------------------------------------
+def test_torn_large_error_record_is_dropped_and_later_error_records_are_whole_lines(tmp_path, server):
+    """errors.jsonl after a kill during the append of a large error record (a prompt past the
+    context, ~1 MB, recorded with its messages): the head of that record is left at the tail. The
+    next run (prompts added meanwhile) must drop the torn bytes, ask for that prompt again (its error
+    was never recorded) and append the new error as a line of its own; every later run reads the
+    file. Before the fix the new record was glued onto the torn head, and every later run failed
+    with `errors.jsonl:3: corrupt journal record`."""
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 9)
+    with open(prompts, "a") as f:  # three prompts far past the context: permanent 400s
+        for i in range(3):
+            f.write(json.dumps({"id": f"big{i}", "prompt": f"big {i} " + "word " * 250_000}) + "\n")
+    srv = server("--mean-tokens", "20", "--context-limit", "100000")
+    errors = tmp_path / "errors.jsonl"
+
+    def error_lines():
+        data = errors.read_bytes()
+        assert data.endswith(b"\n"), "errors.jsonl does not end on a whole line"
+        return [json.loads(line) for line in data.splitlines()]  # every line must parse
+
+    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=2, max_tokens=64)
+    assert p.returncode == 0, p.output[-3000:]
+    first = error_lines()
+    assert sorted(r["id"] for r in first) == ["big0", "big1", "big2"] and len(journal_ids_of(tmp_path)) == 9
+    # a kill -9 in the middle of the last record's write: whole lines before it, then half of it
+    data = errors.read_bytes()
+    last = data[data.rstrip(b"\n").rfind(b"\n") + 1:]
+    assert len(last) > 1_000_000  # a large record: the kernel copies it page by page, a kill can cut it
+    whole, torn = data[: len(data) - len(last)], last[: len(last) // 2]
+    errors.write_bytes(whole + torn)
+    torn_id = first[-1]["id"]
+
+    write_prompts(tmp_path / "more.jsonl", 6, prefix="more")  # prompts added before the rerun
+    with open(prompts, "a") as f:
+        f.write((tmp_path / "more.jsonl").read_text())
+    before = server_stats(srv)["requests"]
+    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=2, max_tokens=64)
+    assert p.returncode == 0, p.output[-3000:]
+    assert "Traceback" not in p.output and "corrupt" not in p.output
+    assert server_stats(srv)["requests"] - before == 7  # the 6 new prompts and the torn one, once
+    data = errors.read_bytes()
+    rest = data[len(whole):]  # the whole lines kept; after them exactly one new record, not torn + record
+    assert data.startswith(whole) and rest.count(b"\n") == 1 and rest.count(b'{"id": ') == 1
+    after = error_lines()
+    assert [r["id"] for r in after] == [r["id"] for r in first[:-1]] + [torn_id]  # each once, in order
+    assert after[-1]["status"] == 400 and after[-1]["messages"] == first[-1]["messages"]
+    assert len(journal_ids_of(tmp_path)) == len(set(journal_ids_of(tmp_path))) == 15
+
+    before = server_stats(srv)["requests"]  # and every later run reads the file
+    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=2, max_tokens=64)
+    assert p.returncode == 0 and "corrupt" not in p.output, p.output[-3000:]
+    assert server_stats(srv)["requests"] == before  # nothing left to ask: errors are not retried
+    assert error_lines() == after
+
+
+def journal_ids_of(tmp_path):
+    return [json.loads(line)["id"] for line in (tmp_path / "j.jsonl").read_text().splitlines()]

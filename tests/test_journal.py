@@ -117,3 +117,49 @@ def test_append_is_one_whole_line_per_record(tmp_path):
     lines = p.read_text().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["messages"][1]["content"] == big
     assert os.path.getsize(p) > 3_000_000
+
+
+def error_rec(i, size):
+    """An errors.jsonl record as inference.py writes it, with a large prompt (size bytes)."""
+    return {"id": f"e{i}", "messages": [{"role": "user", "content": "w " * (size // 2)}], "status": 400,
+            "error": "This model's maximum context length is 4096 tokens.", "params": {"max_tokens": 256},
+            "created": 1.0, "usage": {}}
+
+
+@pytest.mark.parametrize("opener", ["append_error", "JournalWriter"])
+def test_a_writer_never_appends_behind_a_torn_large_record(tmp_path, opener):
+    """A kill during the append of a large record leaves its head at the tail (errors.jsonl,
+    issue 12 item 6): the next record must start a line of its own, not be glued onto the head,
+    whoever appends it and whether or not the file was scanned with repair=True first."""
+    p = tmp_path / "errors.jsonl"
+    journal.append_error(p, error_rec(0, 3000))
+    whole = p.read_bytes()
+    torn = journal.encode_record(error_rec(1, 2_000_000)).encode()[:1_500_000]  # cut mid-record
+    with open(p, "ab") as f:
+        f.write(torn)
+    assert journal.scan(p).ids == {"e0"}  # a reader stops before the torn tail
+    if opener == "append_error":
+        dropped = journal.append_error(p, error_rec(2, 3000))
+    else:
+        w = journal.JournalWriter(p)
+        w.append(error_rec(2, 3000))
+        w.close()
+        dropped = w.repaired_bytes
+    data = p.read_bytes()
+    assert data.startswith(whole) and data.endswith(b"\n") and b'"e1"' not in data
+    assert [json.loads(x)["id"] for x in data.splitlines()] == ["e0", "e2"]
+    assert journal.scan(p, repair=True).ids == {"e0", "e2"}  # and the next run reads it
+    assert dropped == len(torn)
+
+
+def test_opening_a_writer_on_a_whole_file_changes_nothing(tmp_path):
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(1), rec(2)])
+    before = p.read_bytes()
+    w = journal.JournalWriter(p)
+    assert w.repaired_bytes == 0
+    w.close()
+    assert p.read_bytes() == before
+    w = journal.JournalWriter(tmp_path / "new" / "j.jsonl")  # a missing file is created, nothing to repair
+    assert w.repaired_bytes == 0
+    w.close()

@@ -280,6 +280,36 @@ def test_fault_mix_is_reproducible(server):
     assert st["faults"]["500"] == runs[0].count(500) and st["faults"]["429"] == runs[0].count(429)
 
 
+def test_fail_400_is_per_prompt_reproducible_and_carries_a_large_message(server):
+    """--fail-400 P: a share P of prompts answered 400 on every attempt (decided by the messages and
+    --fault-seed, not by arrival order), with an error message of --error-bytes bytes."""
+    prompts = [[{"role": "user", "content": f"prompt number {i}"}] for i in range(200)]
+    args = ("--fail-400", 0.25, "--error-bytes", 200_000, "--fault-seed", 5)
+    base = server(*args)
+    with httpx.Client(timeout=10) as c:
+        def statuses(base, order):
+            return {i: c.post(f"{base}/chat/completions", json={"model": "mock-model", "messages": prompts[i]})
+                    for i in order}
+
+        first = statuses(base, range(200))
+        again = statuses(base, reversed(range(200)))  # other arrival order: the same prompts fail
+        refused = sorted(i for i, r in first.items() if r.status_code == 400)
+        assert sorted(i for i, r in again.items() if r.status_code == 400) == refused
+        assert {r.status_code for r in first.values()} == {200, 400}
+        assert 30 <= len(refused) <= 70  # about 25 % of 200
+        err = first[refused[0]].json()["error"]
+        assert err["type"] == "BadRequestError" and err["code"] == 400
+        assert len(err["message"].encode()) == 200_000 and "--fail-400" in err["message"]
+        st = stats(base)
+        assert st["faults"]["400"] == 2 * len(refused) and st["by_status"]["400"] == 2 * len(refused)
+        other = statuses(server(*args[:-1], 6), range(200))  # another --fault-seed: another set
+        assert sorted(i for i, r in other.items() if r.status_code == 400) != refused
+        plain = server("--fail-400", 1)
+        assert len(chat(plain).json()["error"]["message"]) < 200  # no --error-bytes: a short message
+    assert subprocess.run([sys.executable, str(mock_server.ENTRY), "--error-bytes", "-1"],
+                          capture_output=True).returncode == 2
+
+
 def test_drop_aborts_the_response(server):
     base = server("--drop", 1, "--mean-tokens", 50)
     with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):

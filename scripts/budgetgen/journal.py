@@ -1,10 +1,20 @@
-"""The append-only response journal: the resumable state of one dataset's generation.
+"""Append-only JSON Lines files: the response journal (the resumable state of one dataset's
+generation) and the permanent-error log `errors.jsonl`.
 
 Format: JSON Lines, one whole record per line, `"id"` the first key and `"usage"` the last, so a
 scan can read the id from the head of a line and the token count from its tail without parsing
 the (possibly megabytes of) content in between. A crash can only leave a torn *last* line (no
 trailing newline); `repair_tail` truncates it. A line that is whole but unparseable is corruption
 from outside and is an error naming file:line, never silently dropped.
+
+One machinery for every append-only file. Both `results/D/journal.jsonl` and
+`results/D/errors.jsonl` are written only through `JournalWriter` (`append_error` is a
+JournalWriter too), read with `scan`/`iter_records`, and repaired with `repair_tail` (`scan(path,
+repair=True)`), all by the inference job while it holds the journal's lock (`JournalLock` of
+`journal.jsonl`, which covers `errors.jsonl` as well: one lock, one writer per dataset). A writer
+never appends behind a torn line: opening a `JournalWriter` cuts a torn tail first (a kill during
+the append of a large record leaves one), so the next record can never be glued onto it, whether
+or not the caller scanned the file with repair=True before.
 """
 
 import errno
@@ -197,12 +207,18 @@ class JournalWriter:
 
     The file is opened O_APPEND so each record lands at the end even across processes, and
     written with a single os.write of the encoded line: a crash leaves a record whole or torn at
-    the tail, never interleaved.
+    the tail, never interleaved. Opening cuts a torn tail first (`repaired_bytes` says how many
+    bytes), so every record this writer appends starts a line of its own. The caller holds the
+    journal's lock (see the module docstring).
     """
 
     def __init__(self, path, fsync_interval_s=2.0):
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        try:
+            self.repaired_bytes = repair_tail(self.path)
+        except OSError as exc:
+            raise UserError(f"{self.path}: cannot repair the torn tail ({os.strerror(exc.errno)})") from None
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.fsync_interval_s = fsync_interval_s
         self._last_sync = time.monotonic()
@@ -243,9 +259,15 @@ class JournalWriter:
 
 
 def append_error(path, rec):
-    """Errors (non-transient 4xx) go to their own journal with the same line discipline."""
+    """Append one permanent error (non-transient 4xx) to errors.jsonl: the journal's machinery.
+
+    A JournalWriter: a torn tail (a kill during an earlier append) is cut before the record is
+    written, the record is one whole line, fsynced before this returns. Called under the journal's
+    lock; return the number of torn bytes dropped (0 almost always).
+    """
     w = JournalWriter(path)
     try:
         w.append(rec)
     finally:
         w.close()
+    return w.repaired_bytes

@@ -5,7 +5,8 @@
 Raw asyncio protocol, HTTP/1.1 with keep-alive, chunked SSE streaming. Every response is deterministic:
 its length and words come from an rng seeded by the request's messages and --seed. Knobs model an engine
 (time to first token, per-stream token rate, a limited number of running requests, a context limit) and
-inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server outage). Counters
+inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server outage, and a
+permanent 400 for a share of prompts, decided per prompt so a retry gets the same answer). Counters
 are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
@@ -149,7 +150,7 @@ class Stats:
         self.t0 = self.last = self.loop.time()
         self.requests = self.completed = 0
         self.by_status = collections.Counter()
-        self.faults = {"500": 0, "429": 0, "drop": 0, "hang": 0}
+        self.faults = {"500": 0, "429": 0, "drop": 0, "hang": 0, "400": 0}
         self.tokens_generated = self.tokens_delivered = 0
         self.max_active = self.active
         self.busy = 0.0
@@ -419,6 +420,15 @@ def error_body(status, message):
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "Error"), "code": status}}
 
 
+def error_message_400(size):
+    """The --fail-400 message, padded with words to `size` bytes (at least the plain message)."""
+    msg = "mock_server: injected bad request (--fail-400): this prompt is refused on every attempt"
+    if len(msg) >= size:
+        return msg
+    pad = (" " + " ".join(VOCAB)) * (size // 1000 + 1)
+    return msg + pad[: size - len(msg)]
+
+
 # ----------------------------------------------------------------------------------------------------
 # The server
 
@@ -518,6 +528,15 @@ class MockServer:
     def authorised(self, req):
         return req.headers.get("authorization", "") == f"Bearer {self.api_key}"
 
+    def fails_400(self, messages):
+        """--fail-400: whether this prompt is refused with a 400, decided by a hash of its messages
+        and --fault-seed (not by arrival order), so every attempt at one prompt gets the same answer."""
+        p = self.cfg.fail_400
+        if p <= 0:
+            return False
+        key = f"{self.cfg.fault_seed}/400/" + json.dumps(messages, sort_keys=True)
+        return int(hashlib.sha256(key.encode()).hexdigest()[:13], 16) / 16**13 < p
+
     def fault(self, counter):
         cfg = self.cfg
         x = random.Random(f"{cfg.fault_seed}/{counter}").random()
@@ -569,6 +588,10 @@ class MockServer:
                     f"completion). Please reduce the length of the messages or completion."))
             if max_tokens is None:
                 max_tokens = cfg.context_limit - prompt_tokens
+
+        if self.fails_400(messages):
+            stats.faults["400"] += 1
+            return fail(400, error_message_400(cfg.error_bytes))
 
         fault = self.fault(counter)
         if fault is not None:
@@ -801,6 +824,11 @@ def build_parser():
                    help="probability of aborting the connection part-way through the response")
     g.add_argument("--hang", type=_probability, default=0.0,
                    help="probability of never answering (until the client disconnects)")
+    g.add_argument("--fail-400", type=_probability, default=0.0,
+                   help="share of prompts answered HTTP 400 (a permanent error), chosen by a hash of the "
+                        "request's messages and --fault-seed: the same prompt gets a 400 on every attempt")
+    g.add_argument("--error-bytes", type=int, default=0,
+                   help="with --fail-400: pad the error message to this many bytes (a large error body)")
     g.add_argument("--outage-at", type=_nonneg, help="seconds after start: close the listener, abort connections")
     g.add_argument("--outage-for", type=_nonneg, default=2.0,
                    help="seconds before listening again on the same port (default %(default)s)")
@@ -818,6 +846,8 @@ def parse_args(argv=None):
         ap.error("--fail-500 + --fail-429 + --drop + --hang must not exceed 1")
     if cfg.mean_tokens <= 0:
         ap.error("--mean-tokens must be positive")
+    if cfg.error_bytes < 0:
+        ap.error("--error-bytes must not be negative")
     if cfg.slots < 0 or cfg.context_limit < 0:
         ap.error("--slots and --context-limit must not be negative")
     if cfg.sample_interval <= 0:
