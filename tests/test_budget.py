@@ -1,3 +1,4 @@
+import math
 import random
 
 from budgetgen.budget import DispatchPolicy, LengthModel, StreamProgress
@@ -140,3 +141,77 @@ def test_the_shortcut_far_from_the_budget_decides_as_the_full_sums_do():
         mean, var = p.expected_total(journaled, streamed)
         assert p.may_dispatch(journaled, streamed) == (journaled < p.budget
                                                        and mean + p.Z * var**0.5 < p.budget)
+
+
+def test_final_moments_stay_within_the_proved_bounds_at_the_extremes():
+    # Deterministic sweep of the cases the proof in LengthModel.moment_bounds splits on: no length
+    # beyond k, fewer than MIN_SAMPLES (the blend with the prior), at least MIN_SAMPLES; the lengths
+    # beyond k all at k + 1, all at the largest, or split; lengths past max_tokens (a server that
+    # ignores it); k inside, at and past the largest length.
+    worst = 0.0
+    for max_tokens in (1, 100):
+        for extra in (0, 50):
+            top = max_tokens + extra
+            for k in (0, 1, max_tokens // 2, max_tokens - 1, top - 1, top, top + 7):
+                for c in range(0, 2 * LengthModel.MIN_SAMPLES + 1):
+                    for j in sorted({0, 1, c // 4, c // 2, c - 1, c} & set(range(c + 1))):
+                        low = [k + 1] * j + [top] * (c - j)
+                        m = LengthModel(max_tokens, [0, k] + [x for x in low if x > k])
+                        mean, var = m.final_moments(k)
+                        mean_hi, var_hi = m.moment_bounds(k)
+                        assert k + 1 <= mean <= mean_hi == max(max_tokens, k + 1)
+                        assert 0 <= var <= var_hi, (max_tokens, top, k, c, j, var, var_hi)
+                        span = max(m.largest - k - 1, 0)
+                        if span:
+                            worst = max(worst, var / span**2)
+    # The blend exceeds the range's D^2/4 (the old shortcut's bound): 0.39 D^2 at 7 or 8 of 20
+    # samples, all at k + 1; the bound, 25/64 D^2, is its supremum over any MIN_SAMPLES.
+    assert abs(worst - 0.39) < 1e-12
+    assert LengthModel(100, [1] * 7).final_moments(0)[1] > 99**2 / 4
+
+
+def test_the_shortcut_never_dispatches_where_the_full_rule_stops():
+    # One length of 1 seen, max_tokens 1000, one request just sent: the blend (w = 1/20) has mean
+    # 950.05 and variance 284,430 (sd 533, above the old shortcut's 1000 / 2), so the full rule's
+    # total is 2016.7 and a budget of 2010 means stop; the old shortcut (1000 + 2 * 500 = 2000 < 2010)
+    # dispatched.
+    m = LengthModel(1000, [1])
+    p = DispatchPolicy(2010, m)
+    mean, var = p.expected_total(0, [0])
+    assert mean + p.Z * var**0.5 >= 2010
+    assert not p.may_dispatch(0, [0])
+    assert p.total_bound(0, [0]) >= 2010
+    # The same at every blend weight and several requests in flight, streamed or not, with the
+    # lengths seen at k + 1 (where the variance peaks): budget = the full total rounded down, so
+    # the full rule says stop; the bound must not say dispatch.
+    for c in range(0, 2 * LengthModel.MIN_SAMPLES + 1):
+        for max_tokens in (10, 1000, 10240):
+            m = LengthModel(max_tokens, [1] * c)
+            for journaled, inflight in ((0, [0]), (5, [0, 0]), (0, [0, 0, 0]), (17, [0, 0.5, 0.9]),
+                                        (3 * max_tokens, [0] * 7), (0, [0, max_tokens // 2])):
+                mean, var = DispatchPolicy(1, m).expected_total(journaled, inflight)
+                p = DispatchPolicy(math.floor(mean + DispatchPolicy.Z * math.sqrt(var)), m)
+                if p.budget <= journaled:
+                    continue
+                assert not p.may_dispatch(journaled, inflight), (c, max_tokens, journaled, inflight)
+                assert p.total_bound(journaled, inflight) >= p.budget, (c, max_tokens, journaled, inflight)
+
+
+def test_just_inside_the_bound_the_shortcut_and_the_full_rule_both_dispatch():
+    # Seven lengths of 1 (the variance at its peak, 0.39 D^2) and four requests in flight.
+    m = LengthModel(100, [1] * 7)
+    journaled, inflight = 1000, [0, 0, 5, 30]
+    bound = DispatchPolicy(1, m).total_bound(journaled, inflight)
+    # sum(E) <= 4 * 100; sum(Var) <= 4 * 25/64 * 99^2 (the smallest k in flight is 0)
+    assert bound == journaled + 4 * 100 + 2 * math.sqrt(4 * 25 / 64 * 99**2)
+    p = DispatchPolicy(math.floor(bound) + 1, m)  # just above the bound
+    mean, var = p.expected_total(journaled, inflight)
+    assert mean + p.Z * math.sqrt(var) < p.budget  # the full rule: dispatch
+    full = p.expected_total
+    p.expected_total = None  # the shortcut alone decides: the per-request sums are not reached
+    assert p.may_dispatch(journaled, inflight)
+    p.expected_total = full
+    # one token below: the shortcut no longer decides, the full rule does (and still dispatches)
+    p = DispatchPolicy(math.floor(bound), m)
+    assert p.total_bound(journaled, inflight) >= p.budget
+    assert p.may_dispatch(journaled, inflight)

@@ -111,6 +111,32 @@ class LengthModel:
             mean = mixed
         return min(max(mean, k + 1.0), cap), var
 
+    # What final_moments(streamed) can return, proved here; DispatchPolicy's shortcut rests on it.
+    # Let k = max(0, int(streamed)), a = k + 1, cap = max(max_tokens, a), and D = max(largest, a) - a
+    # (largest >= max_tokens and >= every observed length, so the lengths beyond k and the prior
+    # mean cap all lie in [a, a + D]).
+    #   Mean: a <= mean <= cap, as it is clipped to [a, cap] on return.
+    #   Variance: 0 <= var <= 25/64 * D^2. The c lengths beyond k have mean m and (population)
+    #   variance v <= (m - a)(a + D - m) (Bhatia-Davis). If c >= MIN_SAMPLES, var = v <= D^2/4
+    #   (Popoviciu). If c = 0, var = (cap - a)^2/4 <= D^2/4. Otherwise w = c / MIN_SAMPLES is in
+    #   (0, 1) and, with x = m - a and C = cap - a both in [0, D],
+    #       var <= f = w x (D - x) + (1 - w) C^2/4 + w (1 - w) (x - C)^2.
+    #   f is convex in C, so it peaks at C = 0 or C = D. At C = 0, f = w D x - w^2 x^2 <= D^2/4.
+    #   At C = D, with y = D - x in [0, D], f = w D y - w^2 y^2 + (1 - w) D^2/4, which rises in y
+    #   up to y = D / (2w): for w >= 1/2 that gives f <= (2 - w) D^2/4 <= 3/8 D^2; for w < 1/2 the
+    #   peak lies past D, so f <= (1/4 + 3w/4 - w^2) D^2 <= 25/64 D^2 (the maximum, at w = 3/8).
+    #   The prior (mean cap, variance (cap - a)^2/4) is no distribution on [a, cap], so the mixture
+    #   can exceed Popoviciu's D^2/4: with MIN_SAMPLES = 20, c = 7 or 8 lengths all equal to a and
+    #   cap = largest give 0.39 D^2 exactly (e.g. k = 0, max_tokens 100, seven lengths of 1: 3822 >
+    #   99^2/4); 25/64 = 0.390625 holds for any MIN_SAMPLES and keeps a margin over float rounding.
+    VAR_BOUND = 25 / 64
+
+    def moment_bounds(self, streamed):
+        """Upper bounds of final_moments(streamed): (mean, variance); see the proof above. The
+        first does not decrease, the second does not increase, as `streamed` grows."""
+        a = max(0, int(streamed)) + 1
+        return float(max(self.max_tokens, a)), self.VAR_BOUND * float(max(self.largest - a, 0)) ** 2
+
     def expected_final(self, streamed):
         """Expected final length of a request that has produced `streamed` tokens so far."""
         return self.final_moments(streamed)[0]
@@ -184,16 +210,26 @@ class DispatchPolicy:
             var += v
         return mean, var
 
+    def total_bound(self, journaled_tokens, inflight_streamed):
+        """An upper bound of the rule's  journaled + sum(E) + Z * sqrt(sum(Var))  without the
+        per-request moments: LengthModel.moment_bounds bounds each request's mean by its value at
+        the largest `streamed` in flight (it does not decrease in streamed) and each variance by
+        its value at the smallest (it does not increase), so
+            sum(E) <= n * mean_hi  and  sqrt(sum(Var)) <= sqrt(n * var_hi)."""
+        n = len(inflight_streamed)
+        if not n:
+            return float(journaled_tokens)
+        mean_hi = self.model.moment_bounds(max(inflight_streamed))[0]
+        var_hi = self.model.moment_bounds(min(inflight_streamed))[1]
+        return journaled_tokens + n * mean_hi + self.Z * math.sqrt(n * var_hi)
+
     def may_dispatch(self, journaled_tokens, inflight_streamed):
         if journaled_tokens >= self.budget:
             return False
-        # Far from the budget (most of a run) an upper bound decides without the per-request sums:
-        # each final length lies in (k, top], so its mean is <= top and its variance <= top^2 / 4.
-        n = len(inflight_streamed)
-        if n:
-            top = max(self.model.largest, max(inflight_streamed) + 1)
-            if journaled_tokens + n * top + self.Z * top / 2 * math.sqrt(n) < self.budget:
-                return True
+        # Far from the budget (most of a run) the bound decides without the per-request sums; it
+        # is never below the full rule's total, so both decide alike.
+        if inflight_streamed and self.total_bound(journaled_tokens, inflight_streamed) < self.budget:
+            return True
         mean, var = self.expected_total(journaled_tokens, inflight_streamed)
         return mean + self.Z * math.sqrt(var) < self.budget
 
