@@ -8,7 +8,11 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# The bundled demo config, unless the user gives their own (--configfile): a user's config file
+# stands alone, never merged over the demo's datasets and values (--config still overrides either).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))

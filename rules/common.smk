@@ -9,7 +9,9 @@ from snakemake.exceptions import WorkflowError
 
 SCRIPTS = os.path.join(workflow.basedir, "scripts")
 sys.path.insert(0, SCRIPTS)
-from budgetgen.status import budget_state  # noqa: E402  (the one definition of met/exhausted)
+from budgetgen.journal import scan as scan_journal  # noqa: E402
+from budgetgen.params import params_sha256, request_params  # noqa: E402
+from budgetgen.status import budget_state, exhausted_under  # noqa: E402  (met/exhausted)
 from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -80,6 +82,20 @@ def config_sha256(dataset):
     }
     blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def current_params_sha(dataset):
+    """Hash of the request parameters the dataset's next inference job will send (errors recorded
+    under other parameters do not count against its prompts)."""
+    return params_sha256(
+        request_params(
+            config["server"]["model"],
+            gen(dataset, "max_tokens"),
+            gen(dataset, "temperature"),
+            gen(dataset, "top_p"),
+            gen(dataset, "extra_body"),
+        )
+    )
 
 
 def chat_template_kwargs(dataset):
@@ -161,7 +177,9 @@ def dataset_state(dataset, status):
         )
     if status is None:
         return ("partial" if os.path.exists(journal_path(dataset)) else "fresh"), {}
-    exhausted = bool(status.get("exhausted")) and not prompts_changed_since(dataset, status_path(dataset))
+    exhausted = exhausted_under(status, current_params_sha(dataset)) and not prompts_changed_since(
+        dataset, status_path(dataset)
+    )
     state = budget_state(status["tokens"], token_budget(dataset), exhausted)
     if state == "partial" and not status["tokens"] and not os.path.exists(journal_path(dataset)):
         state = "fresh"
@@ -195,9 +213,18 @@ def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if not workflow.is_main_process:
         return
-    rows = []
+    rows, read_now = [], []
     for ds in DATASETS:
         state, info = dataset_state(ds, read_status(ds))
+        journal = journal_path(ds)
+        if not os.path.exists(done_path(ds)) and os.path.exists(journal):
+            if os.path.getsize(journal) != info.get("journal_bytes"):
+                # the status is older than the journal (a run since, perhaps killed): count it now
+                now = scan_journal(journal)
+                info = {**info, "tokens": now.tokens, "responses": now.records}
+                read_now.append(ds)
+                if state in ("fresh", "partial", "met") and now.tokens >= token_budget(ds):
+                    state = "met (journal; not finalized)"
         tokens = int(info.get("tokens", 0))
         budget = token_budget(ds)
         rows.append((ds, tokens, budget, max(0, budget - tokens), info.get("responses", 0), state))
@@ -210,8 +237,8 @@ def print_status_table():
             f"budgetgen: {ds:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}"
         )
     lines.append(
-        "budgetgen: (token counts as of the last finished job or status check; a running or "
-        "killed job may have journaled more)"
+        "budgetgen: (token counts as of the last finished job, or read from the journal now where a "
+        "later run wrote to it: " + (", ".join(read_now) or "none") + ")"
     )
     print("\n".join(lines), file=sys.stderr)
 

@@ -12,7 +12,8 @@ rule inference:
     output:
         done="results/{dataset}/inference.done",
     log:
-        "logs/inference/{dataset}.log",
+        # this run's lines (Snakemake empties a declared log before each job)
+        "logs/inference/{dataset}.last.log",
     benchmark:
         "benchmarks/inference/{dataset}.tsv"
     conda:
@@ -29,6 +30,10 @@ rule inference:
         seed=lambda wc: gen(wc.dataset, "seed"),
         extra_body=lambda wc: json.dumps(gen(wc.dataset, "extra_body") or {}, sort_keys=True),
         on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
+        # the configured value; server_slots (below) is what Snakemake grants, the job says if it is less
+        concurrency=lambda wc: gen(wc.dataset, "concurrency"),
+        # every run's lines, appended after a separator: a killed run's lines are kept
+        log_history=lambda wc: f"logs/inference/{wc.dataset}.log",
         journal=lambda wc: journal_path(wc.dataset),
         errors=lambda wc: errors_path(wc.dataset),
         # the output of the server this job starts itself (server.launch), if any

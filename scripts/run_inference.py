@@ -27,7 +27,10 @@ def parse_args(argv):
     ap.add_argument("--model", required=True)
     ap.add_argument("--api-key-env", default=None, help="name of the environment variable holding the API key")
     ap.add_argument("--max-tokens", type=int, default=1024)
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=64, help="requests in flight (generation.concurrency)")
+    ap.add_argument("--server-slots", type=int, default=None,
+                    help="the server_slots Snakemake granted this job (--resources server_slots=N caps it); "
+                         "in flight = the lower of the two, said at start")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--top-p", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0, help="seed of the dispatch order")
@@ -40,6 +43,8 @@ def parse_args(argv):
     ap.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
     ap.add_argument("--return-token-ids", action="store_true",
                     help="ask the server for the generated token ids (vLLM) and journal them")
+    ap.add_argument("--no-continuous-usage-stats", dest="continuous_usage_stats", action="store_false",
+                    help="do not ask for usage on every chunk; estimate the tokens in flight from the text")
     ap.add_argument("--endpoint-concurrency", type=int, default=0,
                     help="requests in flight per endpoint (0: no cap but --concurrency)")
     ap.add_argument("--endpoint-recheck-s", type=float, default=10.0,
@@ -65,14 +70,21 @@ def log(msg):
 
 def main(argv=None):
     a = parse_args(argv)
+    concurrency = a.concurrency
+    if a.server_slots is not None and a.server_slots < a.concurrency:
+        log(f"concurrency {a.concurrency} (generation.concurrency) capped to {a.server_slots} by Snakemake's "
+            f"server_slots resource (--resources server_slots=N, e.g. from a profile): raise or drop it to "
+            f"honour the configured concurrency")
+        concurrency = a.server_slots
     settings = Settings(
         dataset=a.dataset, prompts=a.prompts, journal=a.journal, errors=a.errors, done=a.done,
         budget=a.budget, base_url=a.base_url, model=a.model, api_key_env=a.api_key_env,
-        max_tokens=a.max_tokens, concurrency=a.concurrency, temperature=a.temperature, top_p=a.top_p,
+        max_tokens=a.max_tokens, concurrency=concurrency, temperature=a.temperature, top_p=a.top_p,
         seed=a.seed, extra_body=json.loads(a.extra_body), request_timeout_s=a.request_timeout_s,
         max_retries=a.max_retries, unreachable_deadline_s=a.unreachable_deadline_s,
         startup_wait_s=a.startup_wait_s, progress_interval_s=a.progress_interval_s, on_bad_line=a.on_bad_line,
-        return_token_ids=a.return_token_ids, endpoint_concurrency=a.endpoint_concurrency,
+        return_token_ids=a.return_token_ids, continuous_usage_stats=a.continuous_usage_stats,
+        endpoint_concurrency=a.endpoint_concurrency,
         endpoint_recheck_s=a.endpoint_recheck_s, launch=a.launch, launch_log=a.launch_log, model_path=a.model_path,
         launch_port=a.launch_port, launch_ready_timeout_s=a.launch_ready_timeout_s,
     )
@@ -84,7 +96,7 @@ def argv_from_snakemake(smk):
     server, p = smk.config["server"], smk.params
     argv = ["--dataset", smk.wildcards.dataset, "--prompts", smk.input.prompts, "--journal", p.journal,
             "--errors", p.errors, "--done", smk.output.done, "--budget", p.budget, "--model", p.model, "--max-tokens", p.max_tokens,
-            "--concurrency", smk.resources.server_slots, "--seed", p.seed, "--extra-body", p.extra_body,
+            "--concurrency", p.concurrency, "--server-slots", smk.resources.server_slots, "--seed", p.seed, "--extra-body", p.extra_body,
             "--on-bad-line", p.on_bad_line]
     for flag, value in (("--temperature", p.temperature), ("--top-p", p.top_p),
                         ("--api-key-env", server.get("api_key_env"))):
@@ -95,6 +107,8 @@ def argv_from_snakemake(smk):
         argv += ["--" + key.replace("_", "-"), server[key]]
     if server.get("return_token_ids"):
         argv.append("--return-token-ids")
+    if not server["continuous_usage_stats"]:
+        argv.append("--no-continuous-usage-stats")
     if server.get("launch"):
         argv += ["--launch", server["launch"], "--launch-log", p.server_log, "--launch-port", server["launch_port"],
                  "--launch-ready-timeout-s", server["launch_ready_timeout_s"]]

@@ -5,6 +5,24 @@ usage chunk; `transformers serve` sends neither (usage rides on the finish chunk
 `reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read. With thinking
 switched off, transformers serve streams the template's "\n\n" separator as reasoning; reasoning that
 is only whitespace is treated as none, so no empty think block is rendered at tokenize time.
+
+Timeouts: a request is timed out on *silence after its first byte* (request_timeout_s between two
+lines of one stream). Before its first byte a request may be queued inside the server (oversubscribed
+slots), so it waits as long as the server is alive: some stream of this client received a byte within
+request_timeout_s, or the endpoint answers GET /models. A watchdog task checks every stream about once
+a second; per line the client only notes the time.
+
+Tokens in flight: servers send several tokens per SSE event (stream intervals, speculative decoding),
+so `on_token(n)` gets tokens, not events: a chunk's `usage.completion_tokens` when the server sends
+usage on every chunk (`stream_options.continuous_usage_stats`, vLLM and SGLang), else the length of the
+chunk's `token_ids` when returned, else an estimate from the text at the characters-per-token ratio
+of the responses finished so far (TokenRate).
+
+Errors: an error object inside a stream is classified like an HTTP status (its `code`), so a 400-class
+error delivered mid-stream is permanent, not retried. A server-wide failure is a ServerRefused (one
+line, the job fails): the key refused on chat (401/403), or responses without usage. A finish_reason
+other than stop/length/tool_calls (e.g. `abort`: the engine dropped the request) is retried: the
+response is not what the model would have generated.
 """
 
 import asyncio
@@ -30,6 +48,14 @@ class TransientError(Exception):
         self.connection = connection  # the server was not reached or went away
 
 
+class ServerRefused(UserError):
+    """The server fails every request the same way (a refused key, no usage): the job fails in one line."""
+
+
+# A response ended for one of these reasons is complete; anything else (`abort`, `error`, ...) is retried.
+COMPLETE_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
+
+
 class PermanentError(Exception):
     """A non-transient 4xx (e.g. context too long): recorded once in errors.jsonl, not retried."""
 
@@ -41,6 +67,20 @@ class PermanentError(Exception):
 
 def is_transient_status(status):
     return status in TRANSIENT_STATUS or 500 <= status <= 599
+
+
+def error_status(obj):
+    """The HTTP-like status of an error object inside a stream (`{"error": {"code": 400, ...}}`), or None."""
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(err, dict):
+        err = obj if isinstance(obj, dict) else {}
+    for key in ("code", "status", "status_code"):
+        value = err.get(key)
+        if isinstance(value, int) and 100 <= value <= 599:
+            return value
+        if isinstance(value, str) and value.isdigit() and 100 <= int(value) <= 599:
+            return int(value)
+    return None
 
 
 def parse_retry_after(value):
@@ -83,6 +123,40 @@ def _error_message(body):
         return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
 
 
+class TokenRate:
+    """Characters per token of the responses finished so far, to count tokens from text when a
+    server sends neither per-chunk usage nor token ids. Until enough is seen, a low prior (more
+    tokens per character: the in-flight estimate errs high, so dispatch errs early, never late)."""
+
+    PRIOR_CHARS_PER_TOKEN = 2.0
+    MIN_TOKENS = 2000
+
+    def __init__(self):
+        self.chars = 0
+        self.tokens = 0
+
+    def observe(self, chars, tokens):
+        if tokens > 0:
+            self.chars += chars
+            self.tokens += tokens
+
+    def tokens_in(self, chars):
+        if self.tokens < self.MIN_TOKENS:
+            return max(1, round(chars / self.PRIOR_CHARS_PER_TOKEN))
+        return max(1, round(chars * self.tokens / max(1, self.chars)))
+
+
+class _Stream:
+    """One request in flight, for the watchdog: its task, endpoint, and when it last received a line."""
+
+    __slots__ = ("task", "ep", "last", "got_first", "timed_out")
+
+    def __init__(self, task, ep, now):
+        self.task, self.ep, self.last = task, ep, now
+        self.got_first = False
+        self.timed_out = None  # the reason, once the watchdog cancelled it
+
+
 class ServerUnreachable(UserError):
     """No answer from a server (as opposed to an answer that is wrong: bad key, unknown model)."""
 
@@ -96,6 +170,8 @@ class Endpoint:
         self.inflight = 0
         self.healthy = True
         self.requests = 0
+        self.last_byte = time.monotonic()  # when a stream of this endpoint last received a line
+        self.probing = None  # a liveness probe in progress (the watchdog's)
 
     def has_room(self):
         return not self.max_inflight or self.inflight < self.max_inflight
@@ -168,7 +244,7 @@ class ChatClient:
     """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
 
     def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
-                 endpoint_concurrency=0, recheck_s=10.0, log=None):
+                 endpoint_concurrency=0, recheck_s=10.0, log=None, continuous_usage_stats=True):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s, log=log)
         self.base_url = self.pool.endpoints[0].base_url
@@ -178,13 +254,61 @@ class ChatClient:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        # read timeout = longest silence tolerated between two chunks of one response
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=None)
+        # no read timeout in httpx: the watchdog times out silence after the first byte, and waits
+        # for the first byte as long as the server is alive (see the module docstring)
+        self.timeout_s = float(timeout_s)
+        timeout = httpx.Timeout(None, connect=connect_timeout_s, pool=None)
         self.http = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
+        self.continuous_usage_stats = continuous_usage_stats
+        self.token_rate = TokenRate()
+        self.streams = set()
+        self.watchdog = None
+
+    @property
+    def last_byte(self):
+        """When any stream of this client last received a line (monotonic seconds)."""
+        return max(e.last_byte for e in self.pool.endpoints)
 
     async def aclose(self):
+        if self.watchdog:
+            self.watchdog.cancel()
         self.pool.close()
         await self.http.aclose()
+
+    async def _watch(self):
+        """Cancel streams silent for timeout_s after their first byte; before it, only when the
+        endpoint is not alive (no byte on any of its streams for timeout_s and GET /models fails)."""
+        tick = max(0.05, min(1.0, self.timeout_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for st in list(self.streams):
+                if st.timed_out or now - st.last <= self.timeout_s:
+                    continue
+                if st.got_first:
+                    self._time_out(st, f"no data for {self.timeout_s:g} s")
+                    continue
+                ep = st.ep
+                if now - ep.last_byte <= self.timeout_s:
+                    continue  # queued in a server that is streaming to others: keep waiting
+                if ep.probing is None:
+                    ep.probing = asyncio.create_task(self._probe_alive(ep))
+
+    async def _probe_alive(self, ep):
+        try:
+            await self.check_endpoint(ep)
+            ep.last_byte = time.monotonic()  # it answers: alive, its queued requests keep waiting
+        except UserError as exc:
+            for st in list(self.streams):
+                if st.ep is ep and not st.got_first and not st.timed_out:
+                    self._time_out(st, f"no first byte in {self.timeout_s:g} s and the server does not answer ({exc})")
+        finally:
+            ep.probing = None
+
+    @staticmethod
+    def _time_out(st, reason):
+        st.timed_out = reason
+        st.task.cancel()
 
     @property
     def urls(self):
@@ -243,25 +367,38 @@ class ChatClient:
     async def chat(self, messages, params, on_token=None, return_token_ids=False):
         """Stream one chat completion on the least-loaded endpoint; see _chat."""
         ep = await self.pool.acquire()
+        if self.watchdog is None:
+            self.watchdog = asyncio.create_task(self._watch())
+        st = _Stream(asyncio.current_task(), ep, time.monotonic())
+        self.streams.add(st)
         try:
-            return await self._chat(ep, messages, params, on_token, return_token_ids)
+            return await self._chat(ep, st, messages, params, on_token, return_token_ids)
+        except asyncio.CancelledError:
+            if st.timed_out is None:
+                raise  # cancelled from outside (a signal, the end of the run)
+            asyncio.current_task().uncancel()
+            raise TransientError(f"ReadTimeout: {st.timed_out}") from None
         except TransientError as exc:
             if exc.connection:
                 self.pool.take_out(ep, str(exc), self.check_endpoint)
             raise
         finally:
+            self.streams.discard(st)
             await self.pool.release(ep)
 
-    async def _chat(self, ep, messages, params, on_token=None, return_token_ids=False):
-        """Stream one chat completion from ep; call on_token(n) as tokens arrive; return ChatResult.
+    async def _chat(self, ep, st, messages, params, on_token=None, return_token_ids=False):
+        """Stream one chat completion from ep; call on_token(n) with the tokens of each chunk as it
+        arrives (see the module docstring); return ChatResult.
 
         return_token_ids asks the server for the generated token ids (vLLM's `return_token_ids`:
         `token_ids` on each choice chunk); they come back in ChatResult.token_ids, else None.
 
-        Raises TransientError or PermanentError; anything else is a bug.
+        Raises TransientError, PermanentError or ServerRefused; anything else is a bug.
         """
-        body = {"model": self.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}}
+        stream_options = {"include_usage": True}
+        if self.continuous_usage_stats:
+            stream_options["continuous_usage_stats"] = True
+        body = {"model": self.model, "messages": messages, "stream": True, "stream_options": stream_options}
         for k in ("max_tokens", "temperature", "top_p", "seed"):
             if params.get(k) is not None:
                 body[k] = params[k]
@@ -271,16 +408,23 @@ class ChatClient:
         url = f"{ep.base_url}/chat/completions"
         content, reasoning, token_ids = [], [], []
         finish, usage, streamed, model = None, None, 0, ""
+        counted = 0  # tokens reported to on_token so far
+        chars = 0
+        monotonic, loads = time.monotonic, json.loads
         try:
             async with self.http.stream("POST", url, json=body) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
                     msg = _error_message(raw)
+                    if resp.status_code in (401, 403):
+                        raise ServerRefused(f"server at {url} refused the API key (HTTP {resp.status_code}: {msg})")
                     if is_transient_status(resp.status_code):
                         raise TransientError(f"HTTP {resp.status_code}: {msg}",
                                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
                     raise PermanentError(resp.status_code, msg)
                 async for line in resp.aiter_lines():
+                    st.last = ep.last_byte = monotonic()
+                    st.got_first = True
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -289,41 +433,66 @@ class ChatClient:
                     if not data:
                         continue
                     try:
-                        chunk = json.loads(data)
+                        chunk = loads(data)
                     except ValueError:
                         raise TransientError(f"malformed stream chunk from {url}") from None
                     if "error" in chunk and not chunk.get("choices"):
-                        raise TransientError(f"server error mid-stream: {_error_message(data)}")
+                        status = error_status(chunk)
+                        msg = _error_message(data)
+                        if status in (401, 403):
+                            raise ServerRefused(f"server at {url} refused the API key (HTTP {status}: {msg})")
+                        if status is not None and not is_transient_status(status) and 400 <= status < 500:
+                            raise PermanentError(status, msg)
+                        raise TransientError(f"server error mid-stream: {msg}")
                     model = chunk.get("model") or model
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
+                    chunk_usage = chunk.get("usage")
+                    if chunk_usage:
+                        usage = chunk_usage
+                    n_ids = n_chars = 0
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
                         piece = delta.get("content")
                         think = delta.get("reasoning_content") or delta.get("reasoning")
-                        n = 0
                         if piece:
                             content.append(piece)
-                            n = 1
+                            n_chars += len(piece)
                         if think:
                             reasoning.append(think)
-                            n = 1
-                        if n:
-                            streamed += 1
-                            if on_token is not None:
-                                on_token(1)
-                        if choice.get("token_ids"):
-                            token_ids.extend(choice["token_ids"])
+                            n_chars += len(think)
+                        ids = choice.get("token_ids")
+                        if ids:
+                            token_ids.extend(ids)
+                            n_ids += len(ids)
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
+                    if n_chars or n_ids:
+                        streamed += 1
+                        chars += n_chars
+                    if on_token is not None:
+                        # tokens so far: the server's own count, else the ids, else the text's estimate
+                        if chunk_usage and chunk_usage.get("completion_tokens") is not None:
+                            n = int(chunk_usage["completion_tokens"]) - counted
+                        elif n_ids:
+                            n = n_ids
+                        elif n_chars:
+                            n = self.token_rate.tokens_in(n_chars)
+                        else:
+                            n = 0
+                        if n > 0:
+                            counted += n
+                            on_token(n)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None
         if finish is None:
             raise TransientError("stream ended without finish_reason")
+        if finish not in COMPLETE_FINISH_REASONS:
+            raise TransientError(f"finish_reason {finish}: the server ended the response early")
         if not usage or "completion_tokens" not in usage:
-            # A server that omits usage would make the budget a guess; refuse rather than miscount.
-            raise PermanentError(0, f"server at {url} sent no usage.completion_tokens (needs stream_options.include_usage)")
+            # A server that omits usage would make the budget a guess: every request would fail the same way.
+            raise ServerRefused(f"server at {url} sent no usage.completion_tokens in its stream (budgetgen needs "
+                                "stream_options.include_usage, as SGLang and vLLM send it)")
+        self.token_rate.observe(chars, int(usage.get("completion_tokens") or 0))
         reasoning_text = "".join(reasoning)
         return ChatResult(content="".join(content), reasoning=reasoning_text if reasoning_text.strip() else "",
                           finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model,

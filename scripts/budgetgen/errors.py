@@ -26,21 +26,52 @@ def run_main(main, argv=None):
     sys.exit(rc or 0)
 
 
+class _Tee:
+    """A text stream writing to several files (each line-buffered)."""
+
+    def __init__(self, *files):
+        self.files = files
+
+    def write(self, text):
+        for f in self.files:
+            f.write(text)
+        return len(text)
+
+    def flush(self):
+        for f in self.files:
+            f.flush()
+
+    def fileno(self):
+        return self.files[0].fileno()
+
+
 def entry_point(main, argv_from_snakemake, namespace):
     """Run an entry point from the command line or from a Snakemake `script:` directive.
 
     Under Snakemake the rule's input/output/params/config become explicit argv (built by
     `argv_from_snakemake(snakemake)`), and stdout/stderr go to the rule's log file, so the
     same --help'ed command line is what every rule runs.
+
+    Snakemake deletes a rule's declared log before each job. A rule whose history matters (the
+    inference job: a killed run's lines explain its resume) also names `params.log_history`: every
+    run appends to that file too, after a separator line, so no run's lines are lost.
     """
     smk = namespace.get("snakemake")
     if smk is None:
         return run_main(main)
     if smk.log:
-        log = open(smk.log[0], "a", buffering=1, encoding="utf-8")
-        sys.stdout = sys.stderr = log
         import os
+        import time
 
+        log = open(smk.log[0], "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        history = getattr(smk.params, "log_history", None)
+        if history:
+            os.makedirs(os.path.dirname(history) or ".", exist_ok=True)
+            hist = open(history, "a", buffering=1, encoding="utf-8")
+            hist.write(f"===== {smk.rule} run started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}; "
+                       f"this run alone: {smk.log[0]}) =====\n")
+            sys.stdout = sys.stderr = _Tee(log, hist)
     return run_main(main, [str(a) for a in argv_from_snakemake(smk)])

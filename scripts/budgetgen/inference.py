@@ -17,12 +17,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import formats, journal
+from . import formats, journal, status
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
+from .params import params_sha256, request_params
 
 EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -51,6 +52,7 @@ class Settings:
     progress_interval_s: float = 10.0
     on_bad_line: str = "error"
     return_token_ids: bool = False
+    continuous_usage_stats: bool = True  # ask for usage on every chunk (exact tokens in flight)
     endpoint_concurrency: int = 0  # per endpoint; 0 = no cap but `concurrency`
     endpoint_recheck_s: float = 10.0
     launch: str | None = None  # command template of a server this job starts, uses and stops
@@ -64,15 +66,8 @@ class Settings:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
     def request_params(self):
-        """The request parameters that affect content; recorded with every response."""
-        p = {"model": self.model, "max_tokens": self.max_tokens}
-        if self.temperature is not None:
-            p["temperature"] = self.temperature
-        if self.top_p is not None:
-            p["top_p"] = self.top_p
-        if self.extra_body:
-            p["extra_body"] = self.extra_body
-        return p
+        """The request parameters that affect content; recorded with every response and error."""
+        return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
 
 
 class ServerDown(Exception):
@@ -109,6 +104,11 @@ def fmt_eta(seconds):
 
 
 class InferenceJob:
+    # This many permanent errors in a row with the same status and no success between them is a
+    # server-wide failure (a broken deployment, a setting every request trips on), not bad prompts:
+    # the job fails in one line and records none of them.
+    FAILURE_STREAK = 20
+
     def __init__(self, settings: Settings, log=print):
         self.s = settings
         self.log = log
@@ -119,6 +119,12 @@ class InferenceJob:
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
         self.errors = 0
         self.deferred = []  # prompts whose retries ran out this run
+        # Permanent errors wait here until a later request succeeds (proof that the server works and
+        # the error is the prompt's): then they go to errors.jsonl. A kill loses them; they are asked again.
+        self.pending_errors = []
+        self.streak = (None, 0, None)  # (status, count, last error) of permanent errors since a success
+        self.successes = 0  # responses journaled by this run
+        self.failed = None  # an exception a background task (fsync clock) died of
         self.started = time.monotonic()
         self.last_ok = time.monotonic()
         self.rates = Rates()
@@ -132,14 +138,29 @@ class InferenceJob:
         for line, reason in pset.skipped[:20]:
             self.log(f"  skipped {s.prompts}:{line}: {reason}")
         self.lock = journal.JournalLock(s.journal).acquire()
+        # The done marker says "finished with these settings"; from here on this run decides. Left in
+        # place, a run interrupted after a settings change (budget raised, prompts added) would leave
+        # the old marker to satisfy the DAG with the old data.
+        try:
+            os.unlink(s.done)
+        except FileNotFoundError:
+            pass
         self.state = journal.scan(s.journal, repair=True)
         if self.state.repaired_bytes:
             self.log(f"Repaired torn journal tail: dropped {self.state.repaired_bytes} bytes")
         if self.state.duplicates:
             self.log(f"Journal holds {self.state.duplicates} duplicate ids (first kept, counted once)")
-        self.errored = journal.scan(s.errors).ids
+        # errors.jsonl is append-only too, written only under this lock: its torn tail is cut here
+        repaired = journal.scan(s.errors, repair=True).repaired_bytes
+        if repaired:
+            self.log(f"Repaired torn tail of {s.errors}: dropped {repaired} bytes")
+        self.params = s.request_params()
+        by_params = status.errors_by_params(s.errors)
+        self.errored = set(by_params.get(params_sha256(self.params), ()))
+        elsewhere = set().union(*by_params.values()) - self.errored - self.state.ids
         self.log(f"Resuming: {self.state.records} already done ({self.state.tokens} tokens)"
-                 + (f", {len(self.errored)} failed permanently earlier" if self.errored else ""))
+                 + (f", {len(self.errored)} failed permanently earlier" if self.errored else "")
+                 + (f", {len(elsewhere)} failed earlier under other settings (asked again)" if elsewhere else ""))
         self.log(f"remaining budget: {max(0, s.budget - self.state.tokens)} of {s.budget} tokens")
         by_id = {p.id: p for p in pset.prompts}
         todo = [i for i in formats.dispatch_order(by_id, s.seed)
@@ -170,7 +191,8 @@ class InferenceJob:
                 kind = str(exc).split(":")[0]
                 self.retries += 1
                 self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
-                down_for = time.monotonic() - self.last_ok
+                # any byte received proves the server alive: long streams still delivering count
+                down_for = time.monotonic() - max(self.last_ok, self.client.last_byte)
                 if down_for > s.unreachable_deadline_s:
                     raise ServerDown(f"server at {', '.join(self.client.urls)} failing for {down_for:.0f} s "
                                      f"(deadline {s.unreachable_deadline_s:g} s; last error: {exc})") from None
@@ -187,15 +209,12 @@ class InferenceJob:
                 continue
             except PermanentError as exc:
                 self.discarded_tokens += progress.seen
-                self.errors += 1
-                journal.append_error(s.errors, {"id": prompt.id, "messages": messages, "status": exc.status,
-                                                "error": exc.message, "params": self.params,
-                                                "created": round(time.time(), 3), "usage": {}})
-                self.errored.add(prompt.id)
-                self.log(f"error (not retried) for {prompt.id}: {exc}")
+                self.permanent_error(prompt, messages, exc)
                 return
             break
         self.last_ok = time.monotonic()
+        self.successes += 1
+        self.streak = (None, 0, None)
         assistant = {"role": "assistant", "content": res.content}
         if res.reasoning:
             assistant["reasoning_content"] = res.reasoning
@@ -217,7 +236,28 @@ class InferenceJob:
         self.state.records += 1
         self.model.observe(tokens)
         self.rates.add(tokens)
+        self.flush_errors()
 
+    def permanent_error(self, prompt, messages, exc):
+        """Hold a permanent error until a success proves it the prompt's; fail on a streak of them."""
+        self.errors += 1
+        self.errored.add(prompt.id)
+        self.pending_errors.append({"id": prompt.id, "messages": messages, "status": exc.status,
+                                    "error": exc.message, "params": self.params,
+                                    "created": round(time.time(), 3), "usage": {}})
+        self.log(f"error (not retried) for {prompt.id}: {exc}")
+        status_, count, _ = self.streak
+        count = count + 1 if status_ == exc.status else 1
+        self.streak = (exc.status, count, exc)
+        if count >= self.FAILURE_STREAK:
+            raise UserError(f"every request fails the same way: {count} in a row with {exc} (last prompt "
+                            f"{prompt.id}); none recorded as the prompts' errors; fix the server or settings "
+                            "and rerun")
+
+    def flush_errors(self):
+        for rec in self.pending_errors:
+            journal.append_error(self.s.errors, rec)
+        self.pending_errors.clear()
     # -- progress ------------------------------------------------------------------------
     def progress_line(self):
         s, st = self.s, self.state
@@ -231,15 +271,20 @@ class InferenceJob:
 
     async def progress_loop(self):
         # Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
-        # covers a quiet spell after the last one.
+        # covers a quiet spell after the last one. If it fails (an fsync error), the job fails
+        # with its one line: the dispatch loop is woken and raises it.
         tick = min(self.s.progress_interval_s, 2.0)
         last_line = time.monotonic()
-        while True:
-            await asyncio.sleep(tick)
-            self.writer.sync()
-            if time.monotonic() - last_line >= self.s.progress_interval_s - 1e-3:
-                last_line = time.monotonic()
-                self.log(self.progress_line())
+        try:
+            while True:
+                await asyncio.sleep(tick)
+                self.writer.sync()
+                if time.monotonic() - last_line >= self.s.progress_interval_s - 1e-3:
+                    last_line = time.monotonic()
+                    self.log(self.progress_line())
+        except Exception as exc:  # noqa: BLE001 - handed to the dispatch loop, which raises it
+            self.failed = exc
+            self.wake.set()
 
     # -- main loop -----------------------------------------------------------------------
     def _on_signal(self, signum):
@@ -251,7 +296,6 @@ class InferenceJob:
     async def run(self):
         s = self.s
         self.load()
-        self.params = s.request_params()
         if self.state.tokens >= s.budget or not self.queue:
             return self.finish()
         api_key = None
@@ -272,7 +316,8 @@ class InferenceJob:
             urls = [self.server.base_url]
         self.client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
                                  concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
-                                 recheck_s=s.endpoint_recheck_s, log=self.log)
+                                 recheck_s=s.endpoint_recheck_s, log=self.log,
+                                 continuous_usage_stats=s.continuous_usage_stats)
         self.writer = journal.JournalWriter(s.journal)
         progress = None
         try:
@@ -303,6 +348,8 @@ class InferenceJob:
                 self.log("Requests per endpoint: " + ", ".join(
                     f"{e.base_url} {e.requests}" for e in self.client.pool.endpoints))
         if self.stop_signal is not None:
+            if self.state.records:
+                self.flush_errors()
             self.log(self.progress_line())
             self.log(f"Stopped by {signal.Signals(self.stop_signal).name}: journal flushed "
                      f"({self.state.records} responses, {self.state.tokens} tokens); rerun to resume")
@@ -316,6 +363,8 @@ class InferenceJob:
     async def dispatch_loop(self):
         s = self.s
         while self.stop_signal is None:
+            if self.failed is not None:
+                raise self.failed
             while (len(self.inflight) < s.concurrency and self.queue
                    and self.policy.may_dispatch(self.state.tokens, self.generated_in_flight())):
                 prompt = self.queue.popleft()
@@ -343,6 +392,14 @@ class InferenceJob:
         met = st.tokens >= s.budget
         exhausted = not self.queue and not self.inflight and not self.deferred
         self.log(self.progress_line())
+        if st.records == 0 and not met:
+            # errors alone never make a dataset "exhausted": without one response there is no proof
+            # that the prompts, not the server or the settings, are at fault (nothing is recorded)
+            first = self.pending_errors[0] if self.pending_errors else None
+            why = f" (first: {first['id']}: HTTP {first['status']}: {first['error']})" if first else ""
+            raise UserError(f"no response from the server for any prompt: {self.errors} failed permanently "
+                            f"in this run{why}; nothing recorded; fix the server or settings and rerun")
+        self.flush_errors()
         if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
             self.log(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
             return 1

@@ -93,7 +93,7 @@ def prompt_token_count(messages):
 class Plan:
     """The deterministic response to one request: word indices, reasoning count, finish reason."""
 
-    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids")
+    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids", "hang")
 
     def __init__(self, cfg, messages, max_tokens, mean_tokens=None):
         key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
@@ -109,6 +109,7 @@ class Plan:
         self.n_reasoning = min(n, round(cfg.reasoning_share * length))
         self.words = [rng.randrange(len(VOCAB)) for _ in range(n)]
         self.token_ids = None  # set when the request asks for them and the server can tokenize
+        self.hang = False
 
     def texts(self):
         """(reasoning, content) as strings."""
@@ -601,10 +602,12 @@ class MockServer:
         if fault == "429":
             return fail(429, "mock_server: injected rate limit, retry later",
                         extra=[("Retry-After", format(cfg.retry_after, "g"))])
-        if fault == "hang":
+        if fault == "hang" and not body.get("stream"):
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
 
         plan = Plan(cfg, messages, max_tokens, mean_tokens)
+        # a streaming request hangs after its first chunk: a request the engine started, then stalled
+        plan.hang = fault == "hang"
         drop_after = None
         if fault == "drop":
             drop_after = random.Random(f"{cfg.fault_seed}/{counter}/drop").randrange(len(plan.words))
@@ -696,6 +699,9 @@ class MockServer:
         self.stats.by_status[200] += 1
         conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
                    + chunk(pre + b'"role":"assistant","content":""' + suffix))
+        if plan.hang:
+            await conn.drain()
+            await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
 
         async def emit(a, b):
             parts = []
@@ -823,7 +829,8 @@ def build_parser():
     g.add_argument("--drop", type=_probability, default=0.0,
                    help="probability of aborting the connection part-way through the response")
     g.add_argument("--hang", type=_probability, default=0.0,
-                   help="probability of never answering (until the client disconnects)")
+                   help="probability of a request that stalls for good (until the client disconnects): a "
+                        "streaming one after its first chunk, any other before its answer")
     g.add_argument("--fail-400", type=_probability, default=0.0,
                    help="share of prompts answered HTTP 400 (a permanent error), chosen by a hash of the "
                         "request's messages and --fault-seed: the same prompt gets a 400 on every attempt")
