@@ -477,3 +477,67 @@ def test_chunk_interval_batches_tokens(server):
     coarse, coarse_s = reads(server("--tokens-per-s", 100, "--mean-tokens", 40, "--chunk-interval-s", 0.15))
     assert fine >= 25 and coarse <= 10, (fine, coarse)
     assert 0.35 <= fine_s < 1.0 and 0.35 <= coarse_s < 1.0  # the same rate: 39 tokens after the first at 100/s
+
+
+def _words(delta):
+    return [len((delta.get(f) or "").split()) for f in ("reasoning_content", "content")]
+
+
+def test_tokens_per_event_puts_several_tokens_in_one_sse_event(server):
+    # --chunk-interval-s packs several one-token events into one write; --tokens-per-event puts
+    # several tokens into one event (a stream interval, speculative decoding), the last one fewer.
+    base = server("--mean-tokens", 10, "--tokens-per-event", 4, "--reasoning-share", 0.3)
+    expected = chat(base).json()
+    content, reasoning, finish, usage, chunks, done = stream_chat(base, stream_options={"include_usage": True})
+    assert done and finish == "stop" and usage == expected["usage"]
+    msg = expected["choices"][0]["message"]
+    assert content == msg["content"] and reasoning == {"reasoning_content": msg["reasoning_content"]}
+    events = [ch["choices"][0]["delta"] for ch in chunks[1:-2]]  # between the role chunk and finish, usage
+    # 3 reasoning + 7 content tokens in events of 4, 4, 2: the first carries both fields
+    assert [_words(d) for d in events] == [[3, 1], [0, 4], [0, 2]]
+    assert all("usage" not in ch for ch in chunks[:-1])  # include_usage alone: only the last chunk
+    # clipped by max_tokens: 5 = 4 + 1
+    _, _, finish, usage, chunks, _ = stream_chat(base, max_tokens=5, stream_options={"include_usage": True})
+    assert finish == "length" and usage["completion_tokens"] == 5
+    assert [sum(_words(ch["choices"][0]["delta"])) for ch in chunks[1:-2]] == [4, 1]
+    with pytest.raises(SystemExit):
+        mock_server.parse_args(["--tokens-per-event", "0"])
+
+
+def test_tokens_per_event_with_a_token_rate_sends_an_event_when_its_last_token_is_due(server):
+    base = server("--mean-tokens", 40, "--tokens-per-event", 16, "--tokens-per-s", 100)
+    t, arrivals = time.monotonic(), []
+    with httpx.stream("POST", f"{base}/chat/completions", timeout=10,
+                      json={"model": "mock-model", "messages": MSGS, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if delta.get("content"):
+                    arrivals.append((len(delta["content"].split()), time.monotonic() - t))
+    assert [n for n, _ in arrivals] == [16, 16, 8]
+    # token k is due at k / 100 s: the events at 0.15, 0.31 and 0.39 s
+    assert 0.13 <= arrivals[0][1] < 0.3 and 0.29 <= arrivals[1][1] and 0.37 <= arrivals[2][1] < 1.0
+
+
+@pytest.mark.parametrize("per_event", [1, 3])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server, per_event):
+    base = server("--mean-tokens", 10, "--tokens-per-event", per_event)
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    content, _, finish, usage, chunks, done = stream_chat(base, stream_options=opts)
+    assert done and finish == "stop" and usage["completion_tokens"] == 10
+    assert all(set(ch["usage"]) >= {"prompt_tokens", "completion_tokens", "total_tokens"} for ch in chunks)
+    assert all(ch["usage"]["prompt_tokens"] == PROMPT_TOKENS for ch in chunks)
+    assert all(ch["usage"]["total_tokens"] == PROMPT_TOKENS + ch["usage"]["completion_tokens"] for ch in chunks)
+    counts = [ch["usage"]["completion_tokens"] for ch in chunks]
+    # role chunk 0, then the tokens so far after each event, the finish chunk and the usage chunk
+    steps = list(range(per_event, 10, per_event)) + [10]
+    assert counts == [0] + steps + [10, 10]
+    # the count after each event is the words streamed so far
+    seen = 0
+    for ch in chunks[1:-2]:
+        seen += len(ch["choices"][0]["delta"]["content"].split())
+        assert ch["usage"]["completion_tokens"] == seen
+    assert content == chat(base).json()["choices"][0]["message"]["content"]
+    # as vLLM: continuous_usage_stats without include_usage sends no usage at all
+    _, _, _, usage, chunks, _ = stream_chat(base, stream_options={"continuous_usage_stats": True})
+    assert usage is None and all("usage" not in ch for ch in chunks)

@@ -4,14 +4,18 @@
 
 Raw asyncio protocol, HTTP/1.1 with keep-alive, chunked SSE streaming. Every response is deterministic:
 its length and words come from an rng seeded by the request's messages and --seed. Knobs model an engine
-(time to first token, per-stream token rate, a limited number of running requests, a context limit) and
-inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server outage, and a
-permanent 400 for a share of prompts, decided per prompt so a retry gets the same answer). Counters
-are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
+(time to first token, per-stream token rate, tokens per SSE event, a limited number of running requests, a
+context limit) and inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server
+outage, and a permanent 400 for a share of prompts, decided per prompt so a retry gets the same answer).
+Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
 --mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
 dataset with `generation.extra_body`).
+
+Streams follow vLLM: `stream_options.include_usage` adds a final `choices: []` usage chunk, and with
+`continuous_usage_stats` as well every chunk carries the usage so far (prompt_tokens, completion_tokens,
+total_tokens).
 
 `spawn(args, workdir)` starts the server as a subprocess and returns (Popen, base_url) for tests.
 """
@@ -51,6 +55,13 @@ often together asked house world going want school important until form food kee
 
 _J0 = [json.dumps(w).encode() for w in VOCAB]  # a token's JSON string, first in its field
 _J1 = [json.dumps(" " + w).encode() for w in VOCAB]  # later tokens: with a leading space
+
+
+def _text(words, a, b, first):
+    """The JSON string of tokens a..b-1 (one SSE event's text); `first` starts its field (no space)."""
+    text = " ".join(VOCAB[w] for w in words[a:b])
+    return json.dumps(text if a == first else " " + text).encode()
+
 
 _JSON = dict(separators=(",", ":"))
 MIN_SLEEP_S = 0.010  # rate limiting sleeps at least this long and emits the tokens that fell due
@@ -612,7 +623,10 @@ class MockServer:
         if fault == "drop":
             drop_after = random.Random(f"{cfg.fault_seed}/{counter}/drop").randrange(len(plan.words))
         stream = bool(body.get("stream"))
-        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+        stream_options = body.get("stream_options") or {}
+        include_usage = stream and bool(stream_options.get("include_usage"))
+        # as vLLM: usage on every chunk only together with include_usage
+        continuous = include_usage and bool(stream_options.get("continuous_usage_stats"))
         if body.get("return_token_ids") and cfg.token_ids_tokenizer:
             plan.token_ids = self.token_ids(messages, plan, body)
 
@@ -621,7 +635,8 @@ class MockServer:
         stats.change_active(+1)
         try:
             if stream:
-                await self.stream(conn, req, model, plan, prompt_tokens, job, include_usage, drop_after)
+                await self.stream(conn, req, model, plan, prompt_tokens, job, include_usage, drop_after,
+                                  continuous=continuous)
             else:
                 await self.complete(conn, req, model, plan, prompt_tokens, job, drop_after)
         finally:
@@ -630,8 +645,9 @@ class MockServer:
         stats.delivered(job)
         return req.keep_alive
 
-    async def produce(self, conn, job, n, emit=None):
-        """Make n tokens, honouring --ttft-s and --tokens-per-s; emit(a, b) gets each due range."""
+    async def produce(self, conn, job, n, emit=None, step=1):
+        """Make n tokens, honouring --ttft-s and --tokens-per-s; emit(a, b) gets each due range, in whole
+        events of `step` tokens (a and b are multiples of step, but for b = n)."""
         cfg = self.cfg
         if cfg.ttft_s > 0:
             await conn.sleep(cfg.ttft_s)
@@ -645,11 +661,13 @@ class MockServer:
         while sent < n:
             if rate > 0:  # token k is due at t0 + k / rate
                 due = min(n, int((loop.time() - t0) * rate) + 1)
-                if due <= sent:
-                    await conn.sleep(max(gap, sent / rate - (loop.time() - t0)))
+                if due < n:
+                    due -= due % step
+                if due <= sent:  # wait for the next event's last token
+                    await conn.sleep(max(gap, (min(n, sent + step) - 1) / rate - (loop.time() - t0)))
                     continue
             else:
-                due = min(n, sent + BATCH_TOKENS)
+                due = min(n, sent + step * max(1, BATCH_TOKENS // step))
             self.stats.generated(job, due - sent)
             if emit is not None:
                 await emit(sent, due)
@@ -680,7 +698,8 @@ class MockServer:
         self.send_json(conn, req, 200, payload, chat=True)
         await conn.drain()
 
-    async def stream(self, conn, req, model, plan, prompt_tokens, job, include_usage, drop_after):
+    async def stream(self, conn, req, model, plan, prompt_tokens, job, include_usage, drop_after,
+                     continuous=False):
         rid = "chatcmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
@@ -689,6 +708,11 @@ class MockServer:
         pre_reasoning = pre + b'"' + self.field + b'":'
         suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
         words, r = plan.words, plan.n_reasoning
+        step = self.cfg.tokens_per_event
+
+        def running(c):  # continuous_usage_stats: the usage so far, on every chunk (vLLM)
+            u = {"prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}
+            return b',"usage":' + json.dumps(u, **_JSON).encode() if continuous else b""
         suffixes = None
         if plan.token_ids is not None:  # vLLM style: each chunk's choice carries its token ids
             n, ids = len(words), plan.token_ids
@@ -698,7 +722,7 @@ class MockServer:
 
         self.stats.by_status[200] += 1
         conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
-                   + chunk(pre + b'"role":"assistant","content":""' + suffix))
+                   + chunk(pre + b'"role":"assistant","content":""' + suffix[:-3] + running(0) + b"}\n\n"))
         if plan.hang:
             await conn.drain()
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
@@ -714,12 +738,33 @@ class MockServer:
             conn.write(chunk(b"".join(parts)))
             await conn.drain()
 
+        async def emit_events(a, b):  # --tokens-per-event > 1 or continuous usage: one event per step tokens
+            parts = []
+            for i in range(a, b, step):
+                j = min(i + step, b)
+                delta = []
+                if i < r:  # an event across the reasoning/content boundary carries both fields
+                    delta.append(b'"' + self.field + b'":' + _text(words, i, min(j, r), 0))
+                if j > r:
+                    delta.append(b'"content":' + _text(words, max(i, r), j, r))
+                ids = b""
+                if plan.token_ids is not None:
+                    ids = b',"token_ids":' + json.dumps(plan.token_ids[cuts[i]:cuts[j]]).encode()
+                parts.append(pre + b",".join(delta) + b'},"logprobs":null,"finish_reason":null' + ids + b"}]"
+                             + running(j) + b"}\n\n")
+            conn.write(chunk(b"".join(parts)))
+            await conn.drain()
+
+        if step > 1 or continuous:
+            emit = emit_events
+
         if drop_after is not None:
-            await self.produce(conn, job, drop_after, emit)
+            await self.produce(conn, job, drop_after, emit, step)
             conn.abort()
             raise Disconnected
-        await self.produce(conn, job, len(words), emit)
-        tail = [pre + b'},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]}\n\n']
+        await self.produce(conn, job, len(words), emit, step)
+        tail = [pre + b'},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]'
+                + running(len(words)) + b"}\n\n"]
         if include_usage:
             u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0)}
             tail.append(b"data: " + json.dumps(u, **_JSON).encode() + b"\n\n")
@@ -820,6 +865,10 @@ def build_parser():
     g.add_argument("--chunk-interval-s", type=_nonneg, default=MIN_SLEEP_S,
                    help="with --tokens-per-s: seconds between two chunks of one stream; the tokens that fell "
                         "due meanwhile go in one chunk (default %(default)s)")
+    g.add_argument("--tokens-per-event", type=int, default=1, metavar="N",
+                   help="tokens per SSE event of a stream (a stream interval, speculative decoding): each event "
+                        "carries N tokens' text (and token ids), the last one fewer; an event is sent once its "
+                        "last token is due (default %(default)s)")
     g.add_argument("--slots", type=int, default=0, help="max requests generating at once; 0 = unlimited")
     g = ap.add_argument_group("faults (chat requests only; reproducible from --fault-seed)")
     g.add_argument("--fault-seed", type=int, default=0)
@@ -857,6 +906,8 @@ def parse_args(argv=None):
         ap.error("--error-bytes must not be negative")
     if cfg.slots < 0 or cfg.context_limit < 0:
         ap.error("--slots and --context-limit must not be negative")
+    if cfg.tokens_per_event < 1:
+        ap.error("--tokens-per-event must be at least 1")
     if cfg.sample_interval <= 0:
         ap.error("--sample-interval must be positive")
     if not 0 <= cfg.port <= 65535:
