@@ -2,7 +2,9 @@
 trials whose first kill -9 of the snakemake process group falls in the first, middle and last third
 of the reference run's span (so inference, finalize/tokenize and the tail are all hit), each rerun
 with --unlock, killed again (first trial) or left to finish. The full soak runs on demand:
-`.venv/bin/python tests/soak/soak.py --trials 50`."""
+`.venv/bin/python tests/soak/soak.py --trials 50`. The mock server answers 4 of the 56 prompts with
+HTTP 400 (--fail-400), so every run also appends permanent errors to errors.jsonl, checked after
+every kill like the journal."""
 
 import sys
 from pathlib import Path
@@ -29,8 +31,10 @@ def reference(soak):
 
 
 def test_uninterrupted_reference_run_exhausts_every_dataset(soak, reference):
-    for ds, n in soak_mod.DATASETS.items():
-        assert len(reference[ds]["raw"]) == len(reference[ds]["tokenized"]) == n
+    for ds, n in soak_mod.DATASETS.items():  # every prompt answered or errored (HTTP 400), none both
+        errors = soak.ref_errors[ds]
+        assert errors and not set(errors) & set(reference[ds]["raw"])
+        assert len(reference[ds]["raw"]) == len(reference[ds]["tokenized"]) == n - len(errors)
     assert soak.ref_s > 0
 
 
@@ -58,6 +62,21 @@ def test_invariant_checks_catch_a_lost_record_a_duplicate_and_changed_content(so
     twice = copy.deepcopy(good)
     twice["B"]["lines"].append(twice["B"]["lines"][0])
     assert any("ids twice in the journal" in f for f in soak_mod.check_after_kill(wf, good, twice))
+    # errors.jsonl: a record glued onto a torn one, an id errored twice, an id journaled and errored
+    err = {ds: dict(good[ds], error_lines=[json.dumps({"id": f"{ds}e"}).encode() + b"\n"]) for ds in good}
+    glued = copy.deepcopy(err)
+    glued["A"]["error_lines"].append(b'{"id": "Ax", "messages": [{"ro{"id": "Ay"}\n')
+    assert any("errors.jsonl line does not parse" in f for f in soak_mod.check_after_kill(wf, err, glued))
+    twice = copy.deepcopy(err)
+    twice["B"]["error_lines"].append(twice["B"]["error_lines"][0])
+    assert any("errored twice" in f for f in soak_mod.check_after_kill(wf, err, twice))
+    both = copy.deepcopy(err)
+    both["C"]["error_lines"].append(json.dumps({"id": "C0"}).encode() + b"\n")
+    assert any("both journaled and errored" in f for f in soak_mod.check_after_kill(wf, err, both))
+    lost = copy.deepcopy(err)
+    lost["A"]["error_lines"] = []
+    assert any("errors.jsonl prefix not preserved" in f for f in soak_mod.check_after_kill(wf, err, lost))
+    assert soak_mod.check_after_kill(wf, err, copy.deepcopy(err)) == []
     changed = copy.deepcopy(reference)
     rid = next(iter(changed["C"]["raw"]))
     changed["C"]["raw"][rid]["messages"][-1]["content"] += " extra"

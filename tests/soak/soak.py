@@ -3,8 +3,10 @@
 
     .venv/bin/python tests/soak/soak.py --trials 50            # on demand; prints "trials passed/run"
 
-One deterministic mock server (responses seeded by the messages) serves every run. First an
-uninterrupted reference run of the workflow on three datasets (each *exhausted*: the budget is larger
+One deterministic mock server (responses seeded by the messages) serves every run; it answers a
+share of the prompts (--fail-400, 5 %, chosen by a hash of the messages and the fault seed, so the
+same prompts on every run: 4 of the 56) with HTTP 400 and a 64 KB error message, so every run also
+appends permanent errors to results/D/errors.jsonl. First an uninterrupted reference run of the workflow on three datasets (each *exhausted*: the budget is larger
 than all its prompts, so the set of ids generated does not depend on timing) gives the final outputs
 and the span of one run. Each trial then starts the same workflow in a fresh working directory,
 kills the process group (snakemake and every job it runs) after a delay drawn uniformly from that
@@ -13,9 +15,12 @@ the time each takes), reruns with `--unlock` first (kill -9 leaves Snakemake's l
 again with probability --again (at most --max-kills per trial) or lets it finish.
 
 Checked after every kill: no process of the group survives; every whole journal line present before
-the kill is still there, in order (prefix preserved); no id twice in any journal; a raw_responses.jsonl
-or tokenized.arrow that exists is whole (parses / opens with datasets.Dataset.from_file) with no id
-twice. Checked at the end: the journals hold exactly the reference ids, and raw_responses.jsonl and
+the kill is still there, in order (prefix preserved); no id twice in any journal; errors.jsonl
+likewise: its whole lines from before the kill kept in order, every whole line parses, no id errored
+twice, no id both journaled and errored (a torn tail, a record the kill cut, is counted; the rerun
+must cut it, never glue a record onto it); a raw_responses.jsonl or tokenized.arrow that exists is
+whole (parses / opens with datasets.Dataset.from_file) with no id twice. Checked at the end: the
+journals and errors.jsonl hold exactly the reference ids, and raw_responses.jsonl and
 tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
 the Arrow provenance metadata compared too).
 
@@ -45,6 +50,9 @@ from budgetgen import mock_server  # noqa: E402
 from conftest import CORPUS, Workflow, base_config, write_prompts  # noqa: E402
 
 DATASETS = {"A": 24, "B": 16, "C": 16}
+FAIL_400 = 0.05  # share of prompts answered HTTP 400 (permanent errors); fault seed 7: 1, 2 and 1 of them
+FAULT_SEED = 7
+ERROR_BYTES = 65536  # the 400's error message
 TIMING_FIELDS = ("created", "latency_s", "attempts")
 PHASES = {"run_inference.py": "inference", "finalize.py": "finalize", "tokenize_responses.py": "tokenize",
           "budget_status.py": "budget_status"}
@@ -88,13 +96,16 @@ def wait_group_gone(pgid, timeout=10.0):
 
 # -- outputs ---------------------------------------------------------------------------------------
 def journal_snapshot(wf):
-    """Per dataset: the whole journal lines, and the bytes of a torn tail (a line cut by the kill)."""
+    """Per dataset: the whole journal lines, and the bytes of a torn tail (a line cut by the kill);
+    the same for errors.jsonl (error_lines, error_torn)."""
     snap = {}
     for ds in DATASETS:
-        p = wf.path("results", ds, "journal.jsonl")
-        data = p.read_bytes() if p.exists() else b""
-        whole = data[: data.rfind(b"\n") + 1]
-        snap[ds] = {"lines": whole.splitlines(keepends=True), "torn": len(data) - len(whole)}
+        snap[ds] = {}
+        for name, lines, torn in (("journal.jsonl", "lines", "torn"), ("errors.jsonl", "error_lines", "error_torn")):
+            p = wf.path("results", ds, name)
+            data = p.read_bytes() if p.exists() else b""
+            whole = data[: data.rfind(b"\n") + 1]
+            snap[ds][lines], snap[ds][torn] = whole.splitlines(keepends=True), len(data) - len(whole)
     return snap
 
 
@@ -104,6 +115,15 @@ def load_jsonl(path):
     if data and not data.endswith(b"\n"):
         raise ValueError(f"{path}: last line not terminated")
     return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def error_ids(wf):
+    """Per dataset: the sorted ids of errors.jsonl (every line must parse)."""
+    out = {}
+    for ds in DATASETS:
+        p = wf.path("results", ds, "errors.jsonl")
+        out[ds] = sorted(r["id"] for r in load_jsonl(p)) if p.exists() else []
+    return out
 
 
 def duplicates(ids):
@@ -153,6 +173,7 @@ def check_after_kill(wf, before, now):
             continue
         if duplicates(ids):
             bad.append(f"{ds}: ids twice in the journal: {duplicates(ids)[:5]}")
+        bad += [f"{ds}: {f}" for f in check_errors(before[ds], now[ds], set(ids))]
         raw = wf.path("results", ds, "raw_responses.jsonl")
         if raw.exists():
             try:
@@ -169,6 +190,24 @@ def check_after_kill(wf, before, now):
                 load_tokenized(tok)
             except Exception as exc:  # any failure to open is the finding
                 bad.append(f"{ds}: tokenized.arrow does not open: {type(exc).__name__}: {exc}")
+    return bad
+
+
+def check_errors(before, now, journaled):
+    """errors.jsonl: whole lines from before kept in order, each whole line a record, no id errored
+    twice, none both journaled and errored."""
+    bad = []
+    old, new = before.get("error_lines", []), now.get("error_lines", [])
+    if new[: len(old)] != old:
+        bad.append(f"errors.jsonl prefix not preserved ({len(old)} whole lines before, {len(new)} now)")
+    try:
+        ids = [json.loads(line)["id"] for line in new]
+    except ValueError as exc:  # e.g. a record glued onto a torn one
+        return bad + [f"a whole errors.jsonl line does not parse: {exc}"]
+    if duplicates(ids):
+        bad.append(f"ids errored twice in errors.jsonl: {duplicates(ids)[:5]}")
+    if set(ids) & journaled:
+        bad.append(f"ids both journaled and errored: {sorted(set(ids) & journaled)[:5]}")
     return bad
 
 
@@ -213,10 +252,13 @@ class Soak:
         if not (self.tokenizer / "tokenizer.json").exists():
             build_tokenizer(self.tokenizer, [CORPUS], vocab_size=512)
         self.server_args = ["--length-dist", "lognormal", "--mean-tokens", str(mean_tokens), "--sigma", "0.5",
-                            "--tokens-per-s", str(tokens_per_s), "--reasoning-share", "0.2"]
+                            "--tokens-per-s", str(tokens_per_s), "--reasoning-share", "0.2",
+                            "--fail-400", str(FAIL_400), "--error-bytes", str(ERROR_BYTES),
+                            "--fault-seed", str(FAULT_SEED)]
         self.server, self.base_url = mock_server.spawn(self.server_args, self.root / "server")
         self.ref = None
         self.ref_s = None
+        self.ref_errors = None  # {dataset: sorted ids in errors.jsonl} of the reference run
 
     def close(self):
         mock_server.stop(self.server)
@@ -249,10 +291,15 @@ class Soak:
         if rc != 0:
             raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
         self.ref = final_outputs(wf)
+        self.ref_errors = error_ids(wf)
         for ds, n in DATASETS.items():
-            if len(self.ref[ds]["raw"]) != n:
-                raise RuntimeError(f"reference run: {ds} has {len(self.ref[ds]['raw'])} responses, not {n}")
-        self.log(f"reference run: {self.ref_s:.1f} s, {sum(DATASETS.values())} responses in {len(DATASETS)} datasets")
+            errs = self.ref_errors[ds]
+            if not errs or len(self.ref[ds]["raw"]) + len(errs) != n or set(errs) & set(self.ref[ds]["raw"]):
+                raise RuntimeError(f"reference run: {ds} has {len(self.ref[ds]['raw'])} responses and "
+                                   f"{len(errs)} errors, not {n} prompts with at least one error")
+        n_err = sum(map(len, self.ref_errors.values()))
+        self.log(f"reference run: {self.ref_s:.1f} s, {sum(DATASETS.values()) - n_err} responses and {n_err} "
+                 f"errors (HTTP 400) in {len(DATASETS)} datasets")
         return self.ref
 
     def trial(self, seed, max_kills=3, again=0.5, stratum=None, run_timeout=600):
@@ -267,6 +314,7 @@ class Soak:
         wf = self.workflow(f"trial-{seed}")
         before = journal_snapshot(wf)
         kills, failures, runs = [], [], 0
+        error_records = 0
         t_trial = time.monotonic()
         while not failures:
             if kills:  # kill -9 leaves snakemake's lock; remove it as a user would
@@ -302,7 +350,9 @@ class Soak:
                 failures += [f"kill {len(kills) + 1} ({phase}): {f}" for f in check_after_kill(wf, before, now)]
                 kills.append({"at_s": round(kill_at, 2), "phase": phase,
                               "torn_bytes": sum(s["torn"] for s in now.values()),
-                              "journal_lines": sum(len(s["lines"]) for s in now.values())})
+                              "journal_lines": sum(len(s["lines"]) for s in now.values()),
+                              "error_torn_bytes": sum(s["error_torn"] for s in now.values()),
+                              "error_lines": sum(len(s["error_lines"]) for s in now.values())})
                 before = now
                 continue
             if proc.returncode != 0:
@@ -317,15 +367,20 @@ class Soak:
                 failures.append(f"final outputs unreadable: {type(exc).__name__}: {exc}")
                 break
             failures += [f"final: {f}" for f in compare_final(got, self.ref)]
+            errors = error_ids(wf)
             for ds in DATASETS:
                 ids = [json.loads(line)["id"] for line in now[ds]["lines"]]
                 if set(ids) != set(self.ref[ds]["raw"]):
                     failures.append(f"final: {ds}: journal ids differ from the reference")
+                if errors[ds] != self.ref_errors[ds] or now[ds]["error_torn"]:
+                    failures.append(f"final: {ds}: errors.jsonl ids {errors[ds]} (torn tail "
+                                    f"{now[ds]['error_torn']} bytes), the reference {self.ref_errors[ds]}")
+            error_records = sum(len(s["error_lines"]) for s in now.values())
             break
         # temporary files of atomic writes a kill cut short (harmless; counted, not a failure)
         left = sorted(str(f.relative_to(wf.dir)) for f in wf.path("results").rglob(".*.tmp*"))
         return {"seed": seed, "passed": not failures, "kills": kills, "runs": runs, "failures": failures,
-                "temp_files_left": left,
+                "temp_files_left": left, "error_records": error_records,
                 "wall_s": round(time.monotonic() - t_trial, 1), "dir": str(wf.dir)}
 
 
@@ -350,7 +405,8 @@ def main(argv=None):
             results.append(r)
             kills = ", ".join(f"{x['at_s']:.1f}s:{x['phase']}" for x in r["kills"]) or "none"
             print(f"trial {k + 1}/{a.trials} seed {r['seed']}: {'PASS' if r['passed'] else 'FAIL'} "
-                  f"({r['runs']} runs, kills: {kills}, {r['wall_s']} s)", flush=True)
+                  f"({r['runs']} runs, kills: {kills}, {r['error_records']} error records, {r['wall_s']} s)",
+                  flush=True)
             for f in r["failures"]:
                 print(f"  {f}", flush=True)
             if r["temp_files_left"]:
@@ -365,6 +421,10 @@ def main(argv=None):
             "kills": sum(len(r["kills"]) for r in results), "kills_by_phase": dict(sorted(phases.items())),
             "trials_without_kill": sum(not r["kills"] for r in results),
             "torn_tails_seen": sum(x["torn_bytes"] > 0 for r in results for x in r["kills"]),
+            "error_records": sum(r["error_records"] for r in results),
+            "error_records_at_kills": sum(x["error_lines"] for r in results for x in r["kills"]),
+            "torn_error_tails_seen": sum(x["error_torn_bytes"] > 0 for r in results for x in r["kills"]),
+            "fail_400": FAIL_400,
             "temp_files_left": sum(len(r["temp_files_left"]) for r in results),
             "reference_run_s": round(soak.ref_s or 0, 1), "tokens_per_s": a.tokens_per_s, "seed": a.seed,
             "max_kills": a.max_kills, "failed_seeds": [r["seed"] for r in results if not r["passed"]],
