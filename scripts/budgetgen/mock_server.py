@@ -55,12 +55,16 @@ often together asked house world going want school important until form food kee
 
 _J0 = [json.dumps(w).encode() for w in VOCAB]  # a token's JSON string, first in its field
 _J1 = [json.dumps(" " + w).encode() for w in VOCAB]  # later tokens: with a leading space
+_B0 = [j[1:-1] for j in _J0]  # the same without the quotes, to join several tokens in one string
+_B1 = [j[1:-1] for j in _J1]
 
 
 def _text(words, a, b, first):
     """The JSON string of tokens a..b-1 (one SSE event's text); `first` starts its field (no space)."""
-    text = " ".join(VOCAB[w] for w in words[a:b])
-    return json.dumps(text if a == first else " " + text).encode()
+    if b - a == 1:
+        return (_J0 if a == first else _J1)[words[a]]
+    head = (_B0 if a == first else _B1)[words[a]]
+    return b'"' + head + b"".join([_B1[w] for w in words[a + 1:b]]) + b'"'
 
 
 _JSON = dict(separators=(",", ":"))
@@ -710,9 +714,10 @@ class MockServer:
         words, r = plan.words, plan.n_reasoning
         step = self.cfg.tokens_per_event
 
+        usage_head = b',"usage":{"prompt_tokens":%d,"completion_tokens":' % prompt_tokens
+
         def running(c):  # continuous_usage_stats: the usage so far, on every chunk (vLLM)
-            u = {"prompt_tokens": prompt_tokens, "completion_tokens": c, "total_tokens": prompt_tokens + c}
-            return b',"usage":' + json.dumps(u, **_JSON).encode() if continuous else b""
+            return usage_head + b'%d,"total_tokens":%d}' % (c, prompt_tokens + c) if continuous else b""
         suffixes = None
         if plan.token_ids is not None:  # vLLM style: each chunk's choice carries its token ids
             n, ids = len(words), plan.token_ids
