@@ -30,12 +30,12 @@ rule inference:
         seed=lambda wc: gen(wc.dataset, "seed"),
         extra_body=lambda wc: json.dumps(gen(wc.dataset, "extra_body") or {}, sort_keys=True),
         on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
-        # the configured value; server_slots (below) is what Snakemake grants, the job says if it is less
-        concurrency=lambda wc: gen(wc.dataset, "concurrency"),
         # every run's lines, appended after a separator: a killed run's lines are kept
         log_history=lambda wc: f"logs/inference/{wc.dataset}.log",
         journal=lambda wc: journal_path(wc.dataset),
         errors=lambda wc: errors_path(wc.dataset),
+        # made from the journal by finalize: removed when this job starts (see budgetgen.inference)
+        raw_responses=lambda wc: f"results/{wc.dataset}/raw_responses.jsonl",
         # the output of the server this job starts itself (server.launch), if any
         server_log=lambda wc: f"logs/server/{wc.dataset}.log",
     message:

@@ -20,6 +20,9 @@ def parse_args(argv):
     ap.add_argument("--journal", required=True, help="append-only journal (never a Snakemake output)")
     ap.add_argument("--errors", required=True, help="errors.jsonl for non-transient failures")
     ap.add_argument("--done", required=True, help="marker written atomically when met or exhausted")
+    ap.add_argument("--stale-output", action="append", default=[], metavar="PATH",
+                    help="a file made from the journal (e.g. raw_responses.jsonl); removed when the job starts, "
+                         "like --done, so an interrupted run leaves nothing that looks finished; repeatable")
     ap.add_argument("--budget", type=int, required=True, help="completion-token budget")
     ap.add_argument("--base-url", action="append", default=[],
                     help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1; repeat for several servers "
@@ -77,7 +80,7 @@ def main(argv=None):
             f"honour the configured concurrency")
         concurrency = a.server_slots
     settings = Settings(
-        dataset=a.dataset, prompts=a.prompts, journal=a.journal, errors=a.errors, done=a.done,
+        dataset=a.dataset, prompts=a.prompts, journal=a.journal, errors=a.errors, done=a.done, stale_outputs=tuple(a.stale_output),
         budget=a.budget, base_url=a.base_url, model=a.model, api_key_env=a.api_key_env,
         max_tokens=a.max_tokens, concurrency=concurrency, temperature=a.temperature, top_p=a.top_p,
         seed=a.seed, extra_body=json.loads(a.extra_body), request_timeout_s=a.request_timeout_s,
@@ -94,9 +97,11 @@ def main(argv=None):
 def argv_from_snakemake(smk):
     """Rule `inference`: content settings from params, operational ones from the server config."""
     server, p = smk.config["server"], smk.params
+    own = smk.config["datasets"][smk.wildcards.dataset]  # the configured concurrency (operational, not a param)
     argv = ["--dataset", smk.wildcards.dataset, "--prompts", smk.input.prompts, "--journal", p.journal,
-            "--errors", p.errors, "--done", smk.output.done, "--budget", p.budget, "--model", p.model, "--max-tokens", p.max_tokens,
-            "--concurrency", p.concurrency, "--server-slots", smk.resources.server_slots, "--seed", p.seed, "--extra-body", p.extra_body,
+            "--errors", p.errors, "--done", smk.output.done, "--stale-output", p.raw_responses, "--budget", p.budget, "--model", p.model, "--max-tokens", p.max_tokens,
+            "--concurrency", own.get("concurrency", smk.config["generation"]["concurrency"]),
+            "--server-slots", smk.resources.server_slots, "--seed", p.seed, "--extra-body", p.extra_body,
             "--on-bad-line", p.on_bad_line]
     for flag, value in (("--temperature", p.temperature), ("--top-p", p.top_p),
                         ("--api-key-env", server.get("api_key_env"))):

@@ -55,6 +55,7 @@ class Settings:
     continuous_usage_stats: bool = True  # ask for usage on every chunk (exact tokens in flight)
     endpoint_concurrency: int = 0  # per endpoint; 0 = no cap but `concurrency`
     endpoint_recheck_s: float = 10.0
+    stale_outputs: tuple = ()  # files made from the journal (raw_responses.jsonl): removed at start
     launch: str | None = None  # command template of a server this job starts, uses and stops
     launch_log: str | None = None
     model_path: str | None = None
@@ -138,13 +139,16 @@ class InferenceJob:
         for line, reason in pset.skipped[:20]:
             self.log(f"  skipped {s.prompts}:{line}: {reason}")
         self.lock = journal.JournalLock(s.journal).acquire()
-        # The done marker says "finished with these settings"; from here on this run decides. Left in
-        # place, a run interrupted after a settings change (budget raised, prompts added) would leave
-        # the old marker to satisfy the DAG with the old data.
-        try:
-            os.unlink(s.done)
-        except FileNotFoundError:
-            pass
+        # The done marker and the files finalized from the journal say "finished with these settings";
+        # from here on this run decides. Left in place, a run interrupted after a settings change
+        # (budget raised, prompts added) would leave them to satisfy the DAG with the old data: Snakemake
+        # records the interrupted job's new params, and a consumer whose output exists is not rerun
+        # for a missing input. Removed, the next run must go through this job again.
+        for path in (s.done, *s.stale_outputs):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         self.state = journal.scan(s.journal, repair=True)
         if self.state.repaired_bytes:
             self.log(f"Repaired torn journal tail: dropped {self.state.repaired_bytes} bytes")
