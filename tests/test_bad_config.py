@@ -147,3 +147,52 @@ def test_url_without_scheme(tmp_path, tiny_tokenizer, url):
     wf.config["server"]["base_url"] = url
     wf.write_config()
     refused(wf, f"config key server.base_url: {url!r} does not match '^https?://[^\\\\s]+$'")
+
+
+EXTRA_BODY_REFUSED = {  # key -> why, in the error line
+    "max_tokens": "set {section}.max_tokens",
+    "max_completion_tokens": "set {section}.max_tokens",
+    "stream": "budgetgen always streams",
+    "stream_options": "budgetgen sets it, to count usage",
+    "n": "budgetgen asks for one response per request",
+    "model": "set server.model",
+    "messages": "the prompts file gives them",
+}
+
+
+@pytest.mark.parametrize("key", list(EXTRA_BODY_REFUSED))
+def test_extra_body_cannot_override_request_fields(tmp_path, tiny_tokenizer, key):
+    # merged last into each request, extra_body would silently replace what budgetgen sets
+    wf = make(tmp_path, tiny_tokenizer, extra_body={"chat_template_kwargs": {"enable_thinking": True}, key: 1})
+    refused(wf, f"config key generation.extra_body.{key}: not allowed here "
+            f"({EXTRA_BODY_REFUSED[key].format(section='generation')})",
+            "-n", "all")
+
+
+def test_extra_body_of_a_dataset_cannot_override_request_fields(tmp_path, tiny_tokenizer):
+    wf = make(tmp_path, tiny_tokenizer)
+    wf.config["datasets"]["A"]["extra_body"] = {"top_k": 20, "max_tokens": 64}
+    wf.write_config()
+    refused(wf, "config key datasets.A.extra_body.max_tokens: not allowed here (set datasets.A.max_tokens)",
+            "-n", "all")
+    del wf.config["datasets"]["A"]["extra_body"]["max_tokens"]
+    wf.write_config()
+    assert wf.run("-n", "all").returncode == 0  # other keys pass
+
+
+def test_token_budget_required_only_for_datasets_without_one(tmp_path, tiny_tokenizer):
+    wf = make(tmp_path, tiny_tokenizer)
+    write_prompts(wf.path("prompts", "B.jsonl"), 3)
+    del wf.config["generation"]["token_budget"]
+    wf.config["datasets"]["A"]["token_budget"] = 500
+    wf.config["datasets"]["B"] = {"prompts": "prompts/B.jsonl", "token_budget": 700}
+    wf.write_config()
+    out = wf.run("-n", "all").output  # per-dataset budgets only: accepted
+    assert [line.split()[1:4:2] for line in out.splitlines() if line.startswith("budgetgen: ") and
+            line.split()[1] in ("A", "B")] == [["A", "500"], ["B", "700"]]
+    del wf.config["generation"]  # nor is the section itself needed
+    wf.write_config()
+    assert wf.run("-n", "all").returncode == 0
+    wf.config["datasets"]["B"].pop("token_budget")  # B has none, and there is no default
+    wf.write_config()
+    refused(wf, "config key generation.token_budget (or datasets.B.token_budget) is required", "-n", "all")

@@ -270,6 +270,49 @@ def test_bad_line_raises_user_error_naming_file_and_line(tmp_path, bad, reason):
     assert "\n" not in msg
 
 
+# A lone surrogate escape is valid JSON but not encodable text: every request and the id hash of a
+# line without id would raise UnicodeEncodeError far from the line. (A raw line: json.dumps of such
+# a string cannot be written as UTF-8.)
+SURROGATE_LINES = [
+    (r'{"prompt": "bad \ud800 text"}', "invalid Unicode: lone surrogate \\ud800 in field 'prompt'"),
+    (r'{"id": "x\uDC00", "prompt": "fine"}', "invalid Unicode: lone surrogate \\udc00 in field 'id'"),
+    (r'{"prompt": "fine", "system": "sys \ud83d"}', "invalid Unicode: lone surrogate \\ud83d in field 'system'"),
+    (r'{"conversations": [{"from": "human", "value": "emoji \ud83d split"}]}',
+     "invalid Unicode: lone surrogate \\ud83d in conversations[0].value"),
+    (r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ude00"}]}]}',
+     "invalid Unicode: lone surrogate \\ude00 in messages[0].content[0].text"),
+    (r'{"prompt": "fine", "meta": {"tags": ["ok", "\udbff"]}}',
+     "invalid Unicode: lone surrogate \\udbff in meta.tags[1]"),
+    (r'{"prompt": "fine", "k\ud800": 1}', "invalid Unicode: lone surrogate \\ud800 in a key of the record"),
+]
+
+
+@pytest.mark.parametrize("line, reason", SURROGATE_LINES,
+                         ids=["prompt-no-id", "id", "system", "sharegpt-value", "content-part", "unread-field", "key"])
+def test_lone_surrogate_is_a_bad_line_under_both_policies(tmp_path, line, reason):
+    path, msg = error_for(tmp_path, [{"id": "g1", "prompt": "good"}, line, {"id": "g2", "prompt": "also good"}])
+    assert msg == f"{path}:2: {reason}"
+    ps = load_prompts(path, on_bad_line="skip")
+    assert ps.skipped == [(2, reason)]
+    assert [p.id for p in ps.prompts] == ["g1", "g2"]
+    # what was kept encodes: the request body and the journal line
+    json.dumps([p.messages for p in ps.prompts], ensure_ascii=False).encode("utf-8")
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_not_lone(tmp_path):
+    path = write_lines(tmp_path, [r'{"prompt": "emoji \ud83d\ude00 whole"}', r'{"prompt": "text \\ud800 literal"}'])
+    ps = load_prompts(path)
+    assert [p.messages[0]["content"] for p in ps.prompts] == ["emoji \U0001f600 whole", "text \\ud800 literal"]
+    assert all(p.id.startswith("p") for p in ps.prompts)
+
+
+def test_lone_surrogate_in_a_record_from_a_source_row():
+    # budgetgen.sources validates rows through normalise_record (no JSON text to look at)
+    with pytest.raises(UserError) as excinfo:
+        normalise_record({"prompt": "bad \ud800"}, "src.parquet: row 4")
+    assert str(excinfo.value) == "src.parquet: row 4: invalid Unicode: lone surrogate \\ud800 in field 'prompt'"
+
+
 def test_malformed_json_reason_includes_column(tmp_path):
     path, msg = error_for(tmp_path, ['{"a": 1 "b": 2}'])
     assert msg == f"{path}:1: malformed JSON (Expecting ',' delimiter at column 9)"

@@ -56,7 +56,36 @@ def test_bad_row_names_the_source_row(tmp_path):
     assert not (tmp_path / "p.jsonl").exists()  # nothing half-written
 
 
-def test_unknown_column_is_one_line(tmp_path):
+@pytest.mark.parametrize("validate", [True, False], ids=["on_bad_line-error", "on_bad_line-skip"])
+def test_row_with_bytes_that_are_not_utf8_names_row_and_column(tmp_path, validate):
+    # Arrow cannot hold a lone surrogate (the prompts.jsonl bad line), but a Parquet file from
+    # another writer can hold a string column with bytes that are not UTF-8 (here an encoded
+    # surrogate, as WTF-8 writes a split emoji): one line naming the row, not a traceback
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = [f"question {i}".encode() for i in range(25)]
+    raw[17] = b"split emoji \xed\xa0\xbd here"
+    binary = pa.array(raw, pa.binary())
+    strings = pa.Array.from_buffers(pa.string(), len(raw), binary.buffers())  # no UTF-8 check
+    path = tmp_path / "src.parquet"
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(25)], "question": strings}), path)
+    with pytest.raises(UserError) as excinfo:
+        import_prompts(path, tmp_path / "p.jsonl", columns={"prompt": "question", "id": "uid"}, validate=validate)
+    assert str(excinfo.value) == f"{path}: row 18: not valid UTF-8 (bad byte at offset 12) in column 'question'"
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_jsonl_source_with_a_lone_surrogate_names_the_parser_reason(tmp_path):
+    path = tmp_path / "src.jsonl"
+    path.write_text('{"question": "fine"}\n{"question": "bad \\ud800 text"}\n')
+    with pytest.raises(UserError) as excinfo:
+        import_prompts(path, tmp_path / "p.jsonl", columns={"prompt": "question"})
+    assert str(excinfo.value).startswith(f"{path}: cannot load as json: ")
+    assert "surrogate" in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+
     path = tmp_path / "src.parquet"
     Dataset.from_list(ROWS).to_parquet(str(path))
     with pytest.raises(UserError, match=r"no column 'query' \(columns: uid, question, messages, lang\)"):

@@ -4,7 +4,9 @@
   keys, so a second `datasets: A:` entry would replace the first without a word. The files are
   re-read here with a loader that refuses them, naming file:line and the dotted key.
 - Schema errors: jsonschema's best match, as `config key server.base_url: ...` (snakemake's own
-  validation prints the whole schema fragment, which hides the key).
+  validation prints the whole schema fragment, which hides the key). A key the schema forbids with
+  `not: {}` reads `not allowed here (DESCRIPTION)`, `{section}` in the key's description being the
+  path two levels above the key (generation or datasets.D for an extra_body key).
 """
 
 import yaml
@@ -72,6 +74,9 @@ def schema_error(config, schema_path):
         if unknown:
             path.append(str(unknown[0]))
             message = "unknown key" + (f" (known keys: {', '.join(known)})" if known else "")
+    elif err.validator == "not" and err.validator_value == {}:
+        hint = str(err.schema.get("description") or "").replace("{section}", ".".join(path[:-2]))
+        message = "not allowed here" + (f" ({hint})" if hint else "")
     elif "propertyNames" in err.schema_path:
         message = f"invalid name: {message}"
     elif err.validator in ("anyOf", "oneOf") and all(

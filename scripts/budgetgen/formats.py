@@ -18,6 +18,11 @@ normalised messages (`stable_id`), so the same conversation gets the same id wha
 format or key order. A later line repeating an id with the same messages is dropped and counted as
 a duplicate; repeating an id with different messages is a bad line.
 
+Text must be valid Unicode: a string anywhere in the record (content, system, id, a key, a field
+budgetgen does not read) holding a lone surrogate, which JSON can spell as an escape ("\\ud800", as
+scraped dumps with split emoji have) but UTF-8 cannot encode, makes the line bad; it would
+otherwise fail every request and every id hash far from its line.
+
 Bad lines: by default (on_bad_line="error") the first malformed line stops the run with a one-line
 UserError naming file:line and the reason. With on_bad_line="skip" each bad line is skipped and
 recorded with its line number and reason (PromptSet.skipped), and parsing continues. Blank
@@ -28,6 +33,7 @@ is an error either way.
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from budgetgen.errors import UserError
@@ -47,6 +53,9 @@ _SHAREGPT_ROLES = {
     "system": "system",
 }
 _QUOTE_MAX = 60
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair; what is left is lone
+# in a line that decoded as UTF-8 (which refuses encoded surrogates) only an escape can make one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,42 @@ def _tname(value):
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def _place(path):
+    """A path of keys and indexes as the errors write it: field 'prompt', messages[0].content."""
+    if len(path) == 1 and isinstance(path[0], str):
+        return f"field {_q(path[0])}"
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{_q(part)}]"
+    return out
+
+
+def _check_unicode(obj):
+    """Raise _Bad naming the first string of a parsed record (in document order, a key before its
+    value) that holds a lone surrogate."""
+    stack = [(obj, ())]
+    while stack:  # iterative: a record may nest as deeply as json.loads allows
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key in value:
+                if _SURROGATE.search(key):
+                    raise _Bad(_surrogate_reason(key, f"a key of {_place(path) if path else 'the record'}"))
+            stack.extend((v, (*path, k)) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((value[i], (*path, i)) for i in range(len(value) - 1, -1, -1))
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            raise _Bad(_surrogate_reason(value, _place(path) if path else "the line"))
+
+
+def _surrogate_reason(text, place):
+    return f"invalid Unicode: lone surrogate \\u{ord(_SURROGATE.search(text).group()):04x} in {place}"
 
 
 def _content(value, role, where):
@@ -169,9 +214,11 @@ def _single_turn(obj, user_text):
     return messages
 
 
-def _normalise(obj):
+def _normalise(obj, check_unicode=True):
     if not isinstance(obj, dict):
         raise _Bad(f"line is not a JSON object (got {_tname(obj)})")
+    if check_unicode:
+        _check_unicode(obj)
     if "messages" in obj:
         messages = _turns(obj["messages"], "messages", sharegpt=False)
     elif "conversations" in obj:
@@ -251,7 +298,7 @@ def _parse_line(raw, lineno):
         raise _Bad("malformed JSON (nested too deeply)") from None
     except ValueError as exc:
         raise _Bad(f"malformed JSON ({str(exc)[:_QUOTE_MAX]})") from None
-    messages = _normalise(obj)
+    messages = _normalise(obj, check_unicode=_SURROGATE_ESCAPE.search(text) is not None)
     return _record_id(obj, messages), messages
 
 

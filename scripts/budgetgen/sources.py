@@ -6,6 +6,12 @@ A column mapping renames source columns to the fields budgetgen reads (see budge
 "uid". Columns not named in the mapping keep their names; when the mapping names one prompt field
 (messages, conversations, prompt, instruction), the other prompt fields are dropped, so an unmapped
 column that happens to be called "messages" cannot win over the one the user chose.
+
+Text: Arrow strings are UTF-8, so a row cannot hold the lone surrogates a prompts.jsonl line can
+(budgetgen.formats); a JSON Lines source with such an escape fails to load, naming the parser's
+reason. A Parquet or Arrow file written by other tools may still hold bytes that are not UTF-8
+in a string column: that row stops the import, naming its row and column, under either
+on_bad_line (it cannot be carried into prompts.jsonl to be skipped there).
 """
 
 import json
@@ -58,13 +64,46 @@ def load_source(path, fmt=None, split="train"):
     except UserError:
         raise
     except Exception as exc:  # datasets raises many kinds; the first line says what went wrong
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{path}: cannot load as {fmt}: {first}") from None
+        raise UserError(f"{path}: cannot load as {fmt}: {_first_line(exc)}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise UserError(f"{path}: no split {split!r} (has {', '.join(ds)})")
         ds = ds[split]
     return ds
+
+
+def _first_line(exc):
+    """exc's first line, and its cause's: datasets wraps the parser's reason (e.g. "JSON parse
+    error: ...") in a generic "An error occurred while generating the dataset"."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    cause = exc.__cause__
+    if cause is not None:
+        first += f" ({(str(cause).strip().splitlines() or [type(cause).__name__])[0]})"
+    return first
+
+
+def _rows(ds, path):
+    """ds's rows as dicts; a row with a string that is not UTF-8 is a UserError naming it."""
+    it, n = iter(ds), 0
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except UnicodeDecodeError:  # the iterator decodes ahead: find the row from n on
+            raise UserError(_undecodable(ds, n, path)) from None
+        n += 1
+        yield row
+
+
+def _undecodable(ds, start, path):
+    for i in range(start, len(ds)):
+        for column in ds.column_names:
+            try:
+                ds.select_columns([column])[i]
+            except UnicodeDecodeError as exc:
+                return f"{path}: row {i + 1}: not valid UTF-8 (bad byte at offset {exc.start}) in column {column!r}"
+    return f"{path}: row {start + 1}: not valid UTF-8"
 
 
 def check_columns(columns, available, path):
@@ -100,7 +139,7 @@ def import_prompts(source, output, fmt=None, split="train", columns=None, valida
     check_columns(columns, ds.column_names, source)
     n = 0
     with atomic_output(output, "w") as f:
-        for n, row in enumerate(ds, 1):
+        for n, row in enumerate(_rows(ds, source), 1):
             record = map_row(row, columns)
             if validate:
                 formats.normalise_record(record, f"{source}: row {n}")
