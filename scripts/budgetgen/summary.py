@@ -17,12 +17,14 @@ def percentile(sorted_values, q):
 
 
 def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None):
-    lengths, cut = [], 0
+    lengths, cut, answered = [], 0, set()
     for _, rec in journal.iter_records(raw_path):
         lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
         cut += rec.get("finish_reason") == "length"
+        answered.add(str(rec["id"]))
     n_prompts = len(formats.load_prompts(prompts_path, on_bad_line="skip").prompts)
-    errors = len(journal.scan(errors_path).ids)
+    # prompts that failed permanently and were not answered later (under other settings)
+    errors = len(journal.scan(errors_path).ids - answered)
     tokens = sum(lengths)
     lengths.sort()
     status = budget_state(tokens, budget, exhausted=len(lengths) + errors >= n_prompts)
