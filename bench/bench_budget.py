@@ -19,7 +19,12 @@ By default lengths, max_tokens and budget are scaled down by the same factor (--
 number of responses (~2857) and in-flight/budget (150 * 3500 / 10M ~ 5 %) as in production; --full
 runs the production shape itself (hours on a small machine).
 
-    .venv/bin/python bench/bench_budget.py [--quick | --full] [--seeds N] [--scale F]
+Tokens per SSE event (--tokens-per-event, default 1,4,16): the server puts that many tokens in one event
+(a stream interval, speculative decoding), so a client that counted events would see a fraction of the
+tokens in flight. budgetgen runs at every value; the baselines, whose dispatch never looks at the
+streams in flight, at the first value only (--baselines-every-size: at every value too).
+
+    .venv/bin/python bench/bench_budget.py [--quick | --full] [--seeds N] [--scale F] [--tokens-per-event 1,4,16]
 """
 
 import argparse
@@ -53,14 +58,16 @@ def write_prompts(path, n):
                     + "\n")
 
 
-def run_budgetgen(work, prompts, url, sh, seed):
-    d = work / f"budgetgen-{seed}"
+def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True):
+    d = work / f"budgetgen-{seed}-{per_event}"
     d.mkdir()
     cmd = [sys.executable, str(common.REPO / "scripts" / "run_inference.py"), "--dataset", "bench",
            "--prompts", str(prompts), "--journal", str(d / "journal.jsonl"), "--errors", str(d / "errors.jsonl"),
            "--done", str(d / "inference.done"), "--budget", str(sh["budget"]), "--base-url", url,
            "--model", MODEL, "--max-tokens", str(sh["max_tokens"]), "--concurrency", str(sh["concurrency"]),
            "--seed", str(seed), "--progress-interval-s", "3600", "--request-timeout-s", "120"]
+    if not continuous_usage:
+        cmd.append("--no-continuous-usage-stats")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"run_inference.py failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -103,15 +110,17 @@ async def run_baseline(policy, order, url, sh):
     return kept, responses
 
 
-def one_run(policy, seed, work, prompts, order, sh, args):
+def one_run(policy, seed, per_event, work, prompts, order, sh, args):
     rate = args.rate_per_mean * sh["mean"]  # time per response independent of the scale
     server_args = ["--length-dist", "lognormal", "--mean-tokens", sh["mean"], "--sigma", args.sigma,
                    "--seed", seed, "--slots", sh["concurrency"], "--tokens-per-s", rate,
-                   "--chunk-interval-s", args.chunk_interval_s, "--sample-interval", args.sample_interval]
+                   "--chunk-interval-s", args.chunk_interval_s, "--sample-interval", args.sample_interval,
+                   "--tokens-per-event", per_event]
     proc, url = common.start_server(server_args, work / "servers")
     try:
         if policy == "budgetgen":
-            wall, (kept, responses) = common.timed(run_budgetgen, work, prompts, url, sh, seed)
+            wall, (kept, responses) = common.timed(run_budgetgen, work, prompts, url, sh, seed, per_event,
+                                                   not args.no_continuous_usage)
         else:
             wall, (kept, responses) = common.timed(asyncio.run, run_baseline(policy, order, url, sh))
         st = common.settled_stats(url)
@@ -144,6 +153,13 @@ def main(argv=None):
     ap.add_argument("--chunk-interval-s", type=float,
                     help="seconds between two chunks of a stream (default 0.2; --full 0.5)")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (default all)")
+    ap.add_argument("--tokens-per-event", default="1,4,16",
+                    help="comma-separated tokens per SSE event of the mock server (default %(default)s)")
+    ap.add_argument("--baselines-every-size", action="store_true",
+                    help="run the baselines at every --tokens-per-event value too, not only the first")
+    ap.add_argument("--no-continuous-usage", action="store_true",
+                    help="budgetgen does not ask for usage on every chunk (run_inference --no-continuous-usage-stats): "
+                         "it counts tokens in flight from the text, as with a server without continuous usage")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()
     scale = args.scale or (1.0 if args.full else 100.0)
@@ -152,12 +168,20 @@ def main(argv=None):
     unknown = set(policies) - set(POLICIES)
     if unknown:
         ap.error(f"unknown policies: {', '.join(sorted(unknown))}")
+    try:
+        sizes = [int(x) for x in args.tokens_per_event.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--tokens-per-event: not a list of integers: {args.tokens_per_event}")
+    if not sizes or min(sizes) < 1:
+        ap.error("--tokens-per-event: give integers >= 1")
+    runs = [(p, n) for n in sizes for p in policies
+            if p == "budgetgen" or args.baselines_every_size or n == sizes[0]]
     sh = shape(scale)
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
         args.chunk_interval_s = 0.2 if scale >= 16 else 0.5
 
-    per = {p: [] for p in policies}
+    per = {run: [] for run in runs}
     with tempfile.TemporaryDirectory(prefix="bench_budget.") as tmp:
         work = Path(tmp)
         prompts = work / "prompts.jsonl"
@@ -167,10 +191,10 @@ def main(argv=None):
         by_id = {p.id: p for p in pset.prompts}
         for seed in range(1, seeds + 1):
             order = [[dict(m) for m in by_id[i].messages] for i in formats.dispatch_order(by_id, seed)]
-            for policy in policies:
-                r = one_run(policy, seed, work, prompts, order, sh, args)
-                per[policy].append(r)
-                print(f"seed {seed} {policy:9s} kept {r['kept']:>10,} ({r['over_pct']:+.3f}%) "
+            for policy, n in runs:
+                r = one_run(policy, seed, n, work, prompts, order, sh, args)
+                per[policy, n].append(r)
+                print(f"seed {seed} {policy:9s} {n:>2}/event kept {r['kept']:>10,} ({r['over_pct']:+.3f}%) "
                       f"not kept {r['discard_pct']:.3f}% (abandoned {r['abandoned_pct']:.3f}%) "
                       f"<half busy {r['low_pct']:.1f}% of {r['span_s']:.1f}s, {r['responses']} responses, "
                       f"wall {r['wall_s']:.1f}s", flush=True)
@@ -181,12 +205,12 @@ def main(argv=None):
     def worst(p, k):
         return max((r[k] for r in per[p]), key=abs)
 
-    headers = ["policy", "kept vs budget, median", "worst", "not kept (% of budget), median", "max",
+    headers = ["policy", "tokens / SSE event", "kept vs budget, median", "worst", "not kept (% of budget), median", "max",
                "abandoned mid-stream, median", "time < half slots busy, median", "max", "responses, median",
                "wall s, median"]
     rows = []
-    for p in policies:
-        rows.append([p, f"{med(p, 'over_pct'):+.3f}%", f"{worst(p, 'over_pct'):+.3f}%",
+    for p in runs:
+        rows.append([p[0], p[1], f"{med(p, 'over_pct'):+.3f}%", f"{worst(p, 'over_pct'):+.3f}%",
                      f"{med(p, 'discard_pct'):.3f}%", f"{max(r['discard_pct'] for r in per[p]):.3f}%",
                      f"{med(p, 'abandoned_pct'):.3f}%", f"{med(p, 'low_pct'):.1f}%",
                      f"{max(r['low_pct'] for r in per[p]):.1f}%", round(med(p, "responses")),
@@ -210,15 +234,27 @@ def main(argv=None):
         "time with fewer than 75 of 150 slots generating (server occupancy timeline).",
         "fixed-n: n = budget / mean = 2857 prompts; it falls short because clipping at max_tokens makes the "
         "real mean lower than the nominal one, and by chance.",
+        "Tokens / SSE event: the mock server's --tokens-per-event (each event carries that many tokens' text, "
+        "the last one fewer, sent once its last token is due; chunks still every "
+        f"{args.chunk_interval_s:g} s, so an event longer than a chunk interval is a chunk of its own). "
+        + ("budgetgen counts tokens in flight from the text (--no-continuous-usage)."
+           if args.no_continuous_usage else
+           "budgetgen asks for stream_options.continuous_usage_stats and counts tokens in flight from each "
+           "chunk's usage.")
+        + ("" if args.baselines_every_size or len(sizes) == 1 else
+           f" The baselines ran at {sizes[0]} per event only: their dispatch never looks at the streams in "
+           "flight."),
     ]
-    ok = [p for p in policies if p == "budgetgen"]
-    if ok:
-        over = max(r["over_pct"] for r in per["budgetgen"])
-        under = min(r["over_pct"] for r in per["budgetgen"])
-        disc = max(r["discard_pct"] for r in per["budgetgen"])
+    for p in runs:
+        if p[0] != "budgetgen":
+            continue
+        over = max(r["over_pct"] for r in per[p])
+        under = min(r["over_pct"] for r in per[p])
+        disc = max(r["discard_pct"] for r in per[p])
         met = over <= GOAL_PCT and under >= 0 and disc <= GOAL_PCT
-        notes.append(f"Goal (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % not kept on every seed): "
-                     f"{'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, not kept max {disc:.3f}%).")
+        notes.append(f"Goal at {p[1]} token(s) per event (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
+                     f"not kept on every seed): {'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, "
+                     f"not kept max {disc:.3f}%).")
     common.report("budget", "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight",
                   headers, rows, notes)
     return 0
