@@ -1,4 +1,4 @@
-# Conversations -> input_ids + loss_mask with the target model's tokenizer and chat template.
+# Responses -> training rows: prompt ids + completion ids (loss_mask 1 on the completion), Arrow.
 
 
 rule tokenize:
@@ -20,6 +20,8 @@ rule tokenize:
         max_length=config["tokenizer"]["max_length"],
         allow_mixed_settings=config["tokenizer"]["allow_mixed_settings"],
         use_server_token_ids=config["tokenizer"]["use_server_token_ids"],
+        trust_remote_code=config["tokenizer"]["trust_remote_code"],
+        max_skipped_pct=config["tokenizer"]["max_skipped_pct"],
         config_sha256=lambda wc: config_sha256(wc.dataset),
         chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     script:

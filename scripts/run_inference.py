@@ -44,8 +44,9 @@ def parse_args(argv):
     ap.add_argument("--startup-wait-s", type=float, default=10.0)
     ap.add_argument("--progress-interval-s", type=float, default=10.0)
     ap.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
-    ap.add_argument("--return-token-ids", action="store_true",
-                    help="ask the server for the generated token ids (vLLM) and journal them")
+    ap.add_argument("--return-token-ids", nargs="?", const="vllm", default=False, choices=["vllm", "sglang"],
+                    help="ask the server for the prompt's and the generated token ids and journal them: vllm "
+                         "(return_token_ids, the default) or sglang (return_input_ids/return_output_ids)")
     ap.add_argument("--no-continuous-usage-stats", dest="continuous_usage_stats", action="store_false",
                     help="do not ask for usage on every chunk; estimate the tokens in flight from the text")
     ap.add_argument("--endpoint-concurrency", type=int, default=0,
@@ -111,7 +112,8 @@ def argv_from_snakemake(smk):
                 "progress_interval_s"):
         argv += ["--" + key.replace("_", "-"), server[key]]
     if server.get("return_token_ids"):
-        argv.append("--return-token-ids")
+        api = server["return_token_ids"]
+        argv += ["--return-token-ids", api if isinstance(api, str) else "vllm"]
     if not server["continuous_usage_stats"]:
         argv.append("--no-continuous-usage-stats")
     if server.get("launch"):

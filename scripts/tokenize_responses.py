@@ -16,21 +16,27 @@ from budgetgen.errors import UserError, entry_point
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
-        description="Render conversations with the tokenizer's chat template, tokenize them, and write "
-                    "input_ids + loss_mask (1 on the generated assistant turn) as an Arrow IPC stream.")
+        description="Make training rows (prompt ids + completion ids, loss_mask 1 on the completion) from "
+                    "generated responses and write them as an Arrow IPC stream; see budgetgen/tokenization.py.")
     ap.add_argument("--input", required=True, help="raw_responses.jsonl (last message = generated turn)")
     ap.add_argument("--output", required=True, help="Arrow IPC stream file to write (atomically)")
     ap.add_argument("--tokenizer", required=True, help="tokenizer folder (or hub name, if cached)")
     ap.add_argument("--max-length", type=int, required=True, help="truncate rows to this many tokens")
     ap.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
-                    help='extra template variables, e.g. \'{"enable_thinking": false}\'')
+                    help='template variables for records that carry no request params of their own (each '
+                         'journal record is rendered with the chat_template_kwargs its request used), '
+                         'e.g. \'{"enable_thinking": false}\'')
     ap.add_argument("--batch-size", type=int, default=512, help="conversations per batch (default 512)")
     ap.add_argument("--allow-mixed-settings", action="store_true",
                     help="tokenize responses generated with different content settings together")
     ap.add_argument("--config-sha256", default=None, help="hash of the content config, for provenance")
     ap.add_argument("--no-server-token-ids", action="store_true",
                     help="re-tokenize the generated text even where the server's token ids were journaled")
+    ap.add_argument("--trust-remote-code", action="store_true",
+                    help="load a tokenizer whose code is in its folder (auto_map), e.g. Kimi-K2's")
+    ap.add_argument("--max-skipped-pct", type=float, default=1.0,
+                    help="fail when more than this percentage of records is skipped (default 1)")
     return ap.parse_args(argv)
 
 
@@ -56,6 +62,7 @@ def main(argv=None):
                   chat_template_kwargs=kwargs, batch_size=args.batch_size,
                   allow_mixed_settings=args.allow_mixed_settings,
                   use_server_token_ids=not args.no_server_token_ids, config_sha256=args.config_sha256,
+                  trust_remote_code=args.trust_remote_code, max_skipped_pct=args.max_skipped_pct,
                   log=lambda msg: print(msg, flush=True))
     return 0
 
@@ -64,7 +71,8 @@ def argv_from_snakemake(smk):
     p = smk.params
     argv = ["--input", smk.input[0], "--output", smk.output[0], "--tokenizer", p.tokenizer,
             "--max-length", p.max_length, "--processes", smk.threads, "--chat-template-kwargs", p.chat_template_kwargs]
-    argv += ["--config-sha256", p.config_sha256]
+    argv += ["--config-sha256", p.config_sha256, "--max-skipped-pct", p.max_skipped_pct]
+    argv += ["--trust-remote-code"] if p.trust_remote_code else []
     argv += ["--allow-mixed-settings"] if p.allow_mixed_settings else []
     return argv + ([] if p.use_server_token_ids else ["--no-server-token-ids"])
 

@@ -1,4 +1,5 @@
-"""Loss masks, skips, Arrow output and the tokenize_responses.py CLI, on tiny local tokenizers."""
+"""Training rows (prompt ids + completion ids), skips, Arrow output and the tokenize_responses.py CLI,
+on tiny local tokenizers. Real models' tokenizers and templates: tests/test_real_templates.py."""
 
 import os
 
@@ -15,7 +16,7 @@ from budgetgen.errors import UserError
 from budgetgen.tiny_tokenizer import TEMPLATES, build_tokenizer
 from budgetgen.tokenization import (
     NO_SUPERVISED_TOKENS,
-    PROMPT_NOT_PREFIX,
+    REASONING_DELIMITERS_UNKNOWN,
     TEMPLATE_ERROR,
     chat_template_sha256,
     encode_batch,
@@ -57,16 +58,16 @@ ASSIST_EARLIER = {"role": "assistant", "content": "Paris.",
                   "reasoning_content": "earlier reasoning about France"}
 R_FINAL = "The user asks about spiders.\nSpiders have eight legs."
 C_FINAL = "A spider has eight legs."
+# What the model generated, and how a reasoning parser (vLLM's) splits it: whitespace kept.
+RAW_REASONING = f"<think>\n{R_FINAL}\n</think>\n\n{C_FINAL}"
 
 END = {"chatml": "<|im_end|>", "qwen3_strip": "<|im_end|>", "llama3": "<|eot_id|>"}
-TRAILING = {"chatml": "\n", "qwen3_strip": "\n", "llama3": ""}
 
 
 def final(reasoning):
-    m = {"role": "assistant", "content": C_FINAL}
     if reasoning:
-        m["reasoning_content"] = R_FINAL
-    return m
+        return {"role": "assistant", "content": f"\n\n{C_FINAL}", "reasoning_content": f"\n{R_FINAL}\n"}
+    return {"role": "assistant", "content": C_FINAL}
 
 
 def conversation(multi, reasoning):
@@ -75,13 +76,20 @@ def conversation(multi, reasoning):
     return [USER2, final(reasoning)]
 
 
+def rec(conv, finish="stop", kwargs=None, **extra):
+    params = {"model": "m", "max_tokens": 64}
+    if kwargs is not None:
+        params["extra_body"] = {"chat_template_kwargs": kwargs}
+    return {"id": "x", "messages": conv, "finish_reason": finish, "params": params, **extra}
+
+
 CASES = [(t, multi, reasoning)
          for t in sorted(TEMPLATES) for multi in (False, True) for reasoning in (False, True)]
 
 
 @pytest.fixture(scope="session")
 def tok_dirs(tmp_path_factory):
-    texts = [CORPUS] + [json.dumps(conversation(m, r)) for m in (False, True) for r in (False, True)]
+    texts = [CORPUS, RAW_REASONING] + [json.dumps(conversation(m, r)) for m in (False, True) for r in (False, True)]
     dirs = {}
     for name in TEMPLATES:
         path = tmp_path_factory.mktemp(f"tok_{name}")
@@ -103,135 +111,169 @@ def split_by_mask(ids, mask):
     return [i for i, m in zip(ids, mask) if m], [i for i, m in zip(ids, mask) if not m]
 
 
+def ids_of(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 # --------------------------------------------------------------------------------------------------
-# encode_batch
+# encode_batch: a row is the generation prompt, then exactly what the model generated
 
 
 @pytest.mark.parametrize("template,multi,reasoning", CASES)
-def test_mask_covers_exactly_the_assistant_turn(toks, template, multi, reasoning):
+def test_row_is_the_generation_prompt_then_the_raw_output(toks, template, multi, reasoning):
     tok = toks[template]
     conv = conversation(multi, reasoning)
-    [(ids, mask)] = encode_batch(tok, [conv], max_length=4096)
+    [(ids, mask)] = encode_batch(tok, [rec(conv)], max_length=4096)
     assert len(ids) == len(mask)
-    # One contiguous run of ones.
-    first, last = mask.index(1), len(mask) - mask[::-1].index(1)
-    assert set(mask[first:last]) == {1} and set(mask[:first] + mask[last:]) <= {0}
-
+    first = mask.index(1)
+    assert set(mask[:first]) == {0} and set(mask[first:]) == {1}  # the completion runs to the end
     supervised, unsupervised = split_by_mask(ids, mask)
-    body = (f"<think>\n{R_FINAL}\n</think>\n\n" if reasoning else "") + C_FINAL + END[template]
-    assert decode(tok, supervised) == body
-    assert supervised[-1] == tok.convert_tokens_to_ids(END[template])
     prompt_text = tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True)
-    assert decode(tok, unsupervised) == prompt_text + TRAILING[template]
-    assert decode(tok, ids) == tok.apply_chat_template(conv, tokenize=False)
-
-    # The batched path gives the ids apply_chat_template(tokenize=True) gives.
-    assert ids == tok.apply_chat_template(conv, tokenize=True)["input_ids"]
-    assert ids[:first] == tok.apply_chat_template(conv[:-1], add_generation_prompt=True)["input_ids"]
+    assert unsupervised == ids_of(tok, prompt_text)  # the prompt exactly as a server renders it
+    raw = RAW_REASONING if reasoning else C_FINAL
+    assert supervised == ids_of(tok, raw) + [tok.convert_tokens_to_ids(END[template])]
+    assert decode(tok, supervised) == raw + END[template]  # nothing the model did not generate
 
 
-def test_earlier_reasoning_kept_by_chatml_stripped_by_qwen3_strip(toks):
+def test_earlier_reasoning_in_the_prompt_is_what_the_template_sends(toks):
     conv = conversation(True, True)
     for template, expect in (("chatml", True), ("qwen3_strip", False), ("llama3", True)):
-        [(ids, mask)] = encode_batch(toks[template], [conv], max_length=4096)
+        [(ids, mask)] = encode_batch(toks[template], [rec(conv)], max_length=4096)
         prompt = decode(toks[template], split_by_mask(ids, mask)[1])
         assert ("earlier reasoning about France" in prompt) is expect, template
+        # ...while the generated turn's reasoning is always supervised, whatever the template does
+        assert R_FINAL in decode(toks[template], split_by_mask(ids, mask)[0])
 
 
-def test_batch_equals_per_conversation_apply_chat_template(toks):
+def test_batch_equals_one_by_one(toks):
     convs = [conversation(m, r) for m in (False, True) for r in (False, True)]
     convs.append([USER1, {"role": "assistant", "content": ""}])
     parts = [{"type": "text", "text": "parts"}, {"type": "text", "text": " two"}]
     convs.append([{"role": "user", "content": parts},
                   {"role": "assistant", "content": "ok", "reasoning_content": "r"}])
+    records = [rec(c) for c in convs] + [rec(convs[0], kwargs={"enable_thinking": False})]
     for template, tok in toks.items():
-        results = encode_batch(tok, convs, max_length=4096)
-        for conv, (ids, _) in zip(convs, results):
-            assert ids == tok.apply_chat_template(conv, tokenize=True)["input_ids"], template
+        batch = encode_batch(tok, records, max_length=4096)
+        assert batch == [encode_batch(tok, [r], max_length=4096)[0] for r in records], template
 
 
-def test_none_values_and_reasoning_aliases_render_like_apply_chat_template(toks):
-    convs = [
-        [{"role": "user", "content": "hi", "name": None},
-         {"role": "assistant", "content": None, "reasoning": "only reasoning"}],
-        [{"role": "user", "content": "hi"},
-         {"role": "assistant", "content": "ok", "thinking": "thought", "tool_calls": None}],
-        [{"role": "user", "content": "hi"},
-         {"role": "assistant", "content": "ok", "reasoning_content": None}],
-    ]
-    for template, tok in toks.items():
-        results = encode_batch(tok, convs, max_length=4096)
-        for conv, (ids, _) in zip(convs, results):
-            assert ids == tok.apply_chat_template(conv)["input_ids"], template
-        assert "only reasoning" in decode(tok, results[0][0])
+def test_reasoning_field_aliases_and_none_values(toks):
+    tok = toks["chatml"]
+    eot = [tok.convert_tokens_to_ids("<|im_end|>")]
+    for message in ({"role": "assistant", "content": None, "reasoning": "only reasoning"},
+                    {"role": "assistant", "content": "ok", "thinking": "thought", "tool_calls": None},
+                    {"role": "assistant", "content": "ok", "reasoning_content": None}):
+        [(ids, mask)] = encode_batch(tok, [rec([{"role": "user", "content": "hi", "name": None}, message])], 4096)
+        reasoning = message.get("reasoning") or message.get("thinking")
+        raw = (f"<think>{reasoning}</think>" if reasoning else "") + (message["content"] or "")
+        assert split_by_mask(ids, mask)[0] == ids_of(tok, raw) + eot
 
 
 def test_direct_render_falls_back_when_it_disagrees(toks, monkeypatch):
     from budgetgen import tokenization
 
     tok = toks["chatml"]
-    convs = [conversation(m, r) for m in (False, True) for r in (False, True)]
-    expected = encode_batch(tok, convs, max_length=4096)
+    records = [rec(conversation(m, r)) for m in (False, True) for r in (False, True)]
+    expected = encode_batch(tok, records, max_length=4096)
     # A broken shortcut (reasoning aliasing lost) must be caught by the spot check, not written out.
     monkeypatch.setattr(tokenization, "_prepare", lambda conv: [{"role": "user", "content": "wrong"}])
     encoder = tokenization._Encoder(tok, 4096)
-    results, _ = encoder.encode(convs)
+    results, _ = encoder.encode(records)
     assert encoder.direct is None
     assert [(ids, lp, end) for ids, lp, end in results] == [
         (ids, mask.index(1), len(mask) - mask[::-1].index(1)) for ids, mask in expected]
 
 
-def test_empty_assistant_turn_supervises_end_of_turn(toks):
+def test_empty_answer_supervises_the_end_of_turn_alone(toks):
     for template, tok in toks.items():
-        [(ids, mask)] = encode_batch(tok, [[USER1, {"role": "assistant", "content": ""}]], max_length=4096)
-        supervised, _ = split_by_mask(ids, mask)
-        assert decode(tok, supervised) == END[template]
+        [(ids, mask)] = encode_batch(tok, [rec([USER1, {"role": "assistant", "content": ""}])], max_length=4096)
+        assert decode(tok, split_by_mask(ids, mask)[0]) == END[template]
 
 
-def test_enable_thinking_false_prefills_empty_think_block(toks):
+def test_cut_at_max_tokens_supervises_exactly_what_was_generated(toks):
+    """No end-of-turn token the model never produced; cut inside the reasoning: no closing tag."""
+    tok = toks["chatml"]
+    cut_answer = {"role": "assistant", "content": "\n\nA spider has", "reasoning_content": f"\n{R_FINAL}\n"}
+    cut_reasoning = {"role": "assistant", "content": "", "reasoning_content": "\nThe user asks"}
+    rows = encode_batch(tok, [rec([USER2, cut_answer], "length"), rec([USER2, cut_reasoning], "length")], 4096)
+    assert decode(tok, split_by_mask(*rows[0])[0]) == f"<think>\n{R_FINAL}\n</think>\n\nA spider has"
+    assert decode(tok, split_by_mask(*rows[1])[0]) == "<think>\nThe user asks"
+
+
+def test_each_record_is_rendered_with_the_template_kwargs_its_request_used(toks):
+    """Item 6: changing chat_template_kwargs in the config after generation must not change (or
+    break) the rows of responses generated under the old ones."""
     tok = toks["chatml"]
     conv = conversation(False, False)
-    kwargs = {"enable_thinking": False}
-    [(ids, mask)] = encode_batch(tok, [conv], max_length=4096, chat_template_kwargs=kwargs)
-    supervised, unsupervised = split_by_mask(ids, mask)
-    assert decode(tok, supervised) == C_FINAL + "<|im_end|>"
-    assert decode(tok, unsupervised).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n\n")
-    assert ids == tok.apply_chat_template(conv, tokenize=True, **kwargs)["input_ids"]
-    # Without the kwarg the prompt has no think block.
-    [(ids2, mask2)] = encode_batch(tok, [conv], max_length=4096)
-    assert "<think>" not in decode(tok, ids2)
+    off = rec(conv, kwargs={"enable_thinking": False})
+    on = rec(conv, kwargs={"enable_thinking": True})
+    for configured in ({}, {"enable_thinking": True}, {"enable_thinking": False}):
+        [(ids, mask), (ids2, mask2)] = encode_batch(tok, [off, on], 4096, chat_template_kwargs=configured)
+        assert decode(tok, split_by_mask(ids, mask)[1]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert decode(tok, split_by_mask(ids, mask)[0]) == C_FINAL + "<|im_end|>"
+        assert "<think>" not in decode(tok, split_by_mask(ids2, mask2)[1])
+    # a record with no request params at all (a hand-made file) takes the configured kwargs
+    bare = {"id": "b", "messages": conv, "finish_reason": "stop"}
+    [(ids, mask)] = encode_batch(tok, [bare], 4096, chat_template_kwargs={"enable_thinking": False})
+    assert decode(tok, split_by_mask(ids, mask)[1]).endswith("<think>\n\n</think>\n\n")
 
 
-def test_prompt_not_prefix_is_refused(toks, tok_dirs):
-    # enable_thinking=False pre-fills an empty think block, but the response has reasoning: the
-    # rendered prompt is not a prefix of the rendered conversation.
-    tok = toks["chatml"]
-    convs = [conversation(False, True), conversation(False, False)]
-    results = encode_batch(tok, convs, max_length=4096, chat_template_kwargs={"enable_thinking": False})
-    assert results[0] == PROMPT_NOT_PREFIX
-    assert isinstance(results[1], tuple)
-
-    # A template that renders the history differently once a generation prompt is asked for.
-    odd = load_tokenizer(tok_dirs["chatml"])
-    odd.chat_template = (
-        "{%- if add_generation_prompt -%}{{- 'GEN\\n' -}}{%- endif -%}"
-        "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
-        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-    )
-    assert encode_batch(odd, convs, max_length=4096) == [PROMPT_NOT_PREFIX, PROMPT_NOT_PREFIX]
-
-
-def test_no_end_of_turn_token_masks_the_whole_span(tok_dirs):
+def test_a_generation_prompt_that_prefills_the_opening_tag_is_not_repeated(tok_dirs):
+    """QwQ / DeepSeek-R1 / Qwen3.5 style: the generation prompt ends with `<think>\n`, so the model's
+    output starts inside the reasoning."""
     tok = load_tokenizer(tok_dirs["chatml"])
     tok.chat_template = (
-        "{%- for m in messages -%}{{- m['role'] + ':\\n' + m['content'] + '\\n\\n' -}}{%- endfor -%}"
-        "{%- if add_generation_prompt -%}{{- 'assistant:\\n' -}}{%- endif -%}"
-    )
-    conv = [USER1, {"role": "assistant", "content": "Paris."}]
-    [(ids, mask)] = encode_batch(tok, [conv], max_length=4096)
+        "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}")
+    msg = {"role": "assistant", "content": "\n\nEight.", "reasoning_content": "Spiders.\n"}
+    [(ids, mask)] = encode_batch(tok, [rec([USER2, msg])], 4096)
     supervised, unsupervised = split_by_mask(ids, mask)
-    assert decode(tok, supervised) == "Paris.\n\n"
+    assert decode(tok, unsupervised).endswith("assistant\n<think>\n")
+    assert decode(tok, supervised) == "Spiders.\n</think>\n\nEight.<|im_end|>"
+
+
+def test_the_end_of_turn_token_comes_from_the_template(tok_dirs):
+    """The token after an assistant turn in the template's own render, not a list: here a template
+    whose turns end with <|endoftext|> (not the eos <|im_end|>), and one with no special token
+    (falls back to eos)."""
+    tok = load_tokenizer(tok_dirs["chatml"])
+    tok.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|endoftext|>\\n' -}}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, {"role": "assistant", "content": "Paris."}])], 4096)
+    assert decode(tok, split_by_mask(ids, mask)[0]) == "Paris.<|endoftext|>"
+    tok.chat_template = (
+        "{%- for m in messages -%}{{- m['role'] + ':\\n' + m['content'] + '\\n\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- 'assistant:\\n' -}}{%- endif -%}")
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, {"role": "assistant", "content": "Paris."}])], 4096)
+    supervised, unsupervised = split_by_mask(ids, mask)
+    assert decode(tok, supervised) == "Paris." + tok.eos_token
     assert decode(tok, unsupervised) == "user:\nWhat is the capital of France?\n\nassistant:\n"
+
+
+def test_reasoning_without_delimiters_in_the_tokenizer_is_a_counted_skip(tmp_path):
+    path = tmp_path / "plain"
+    build_tokenizer(str(path), [CORPUS], vocab_size=600, template="llama3")
+    tok = load_tokenizer(str(path))
+    tok.chat_template = tok.chat_template.replace("<think>", "").replace("</think>", "")
+    vocab = tok.get_vocab()
+    if "<think>" in vocab:  # the tiny builder adds the tags: drop them from this tokenizer's view
+        tok.get_vocab = lambda: {k: v for k, v in vocab.items() if "think>" not in k}
+    msg = {"role": "assistant", "content": "x", "reasoning_content": "hidden"}
+    assert encode_batch(tok, [rec([USER1, msg])], 4096) == [REASONING_DELIMITERS_UNKNOWN]
+
+
+def test_server_ids_are_the_row(toks):
+    """Item 2: prompt_token_ids + completion_token_ids (vLLM/SGLang) are used verbatim; with only the
+    completion ids the prompt is rendered."""
+    tok = toks["chatml"]
+    conv = conversation(False, True)
+    r = rec(conv, prompt_token_ids=[5, 6, 7], completion_token_ids=[8, 9])
+    assert encode_batch(tok, [r], 4096) == [([5, 6, 7, 8, 9], [0, 0, 0, 1, 1])]
+    r = rec(conv, completion_token_ids=[8, 9])
+    [(ids, mask)] = encode_batch(tok, [r], 4096)
+    prompt = ids_of(tok, tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True))
+    assert ids == prompt + [8, 9] and sum(mask) == 2
 
 
 def test_template_error_is_a_skip(tok_dirs):
@@ -242,8 +284,8 @@ def test_template_error_is_a_skip(tok_dirs):
         "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
     )
-    good = [USER1, {"role": "assistant", "content": "Paris."}]
-    bad = [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]
+    good = rec([USER1, {"role": "assistant", "content": "Paris."}])
+    bad = rec([{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}])
     results = encode_batch(tok, [good, bad, good], max_length=4096)
     assert results[1] == TEMPLATE_ERROR
     assert results[0] == results[2] and isinstance(results[0], tuple)
@@ -251,17 +293,17 @@ def test_template_error_is_a_skip(tok_dirs):
 
 def test_truncation_and_no_supervised_tokens(toks):
     tok = toks["chatml"]
-    conv = conversation(True, True)
-    [(ids, mask)] = encode_batch(tok, [conv], max_length=4096)
+    r = rec(conversation(True, True))
+    [(ids, mask)] = encode_batch(tok, [r], max_length=4096)
     prompt_len, full_len = mask.index(1), len(ids)
     cut = prompt_len + 3
-    [(tids, tmask)] = encode_batch(tok, [conv], max_length=cut)
+    [(tids, tmask)] = encode_batch(tok, [r], max_length=cut)
     assert tids == ids[:cut] and tmask == mask[:cut] and sum(tmask) == 3
     # The prompt alone fills max_length: nothing left to learn from.
-    assert encode_batch(tok, [conv], max_length=prompt_len) == [NO_SUPERVISED_TOKENS]
-    assert encode_batch(tok, [conv], max_length=prompt_len - 5) == [NO_SUPERVISED_TOKENS]
+    assert encode_batch(tok, [r], max_length=prompt_len) == [NO_SUPERVISED_TOKENS]
+    assert encode_batch(tok, [r], max_length=prompt_len - 5) == [NO_SUPERVISED_TOKENS]
     # Exactly long enough: unchanged.
-    assert encode_batch(tok, [conv], max_length=full_len) == [(ids, mask)]
+    assert encode_batch(tok, [r], max_length=full_len) == [(ids, mask)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,7 +345,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     out = str(tmp_path / "tokenized.arrow")
     logs = []
-    stats = tokenize_file(raw_file, out, tok_dirs["chatml"], 512, batch_size=8, log=logs.append)
+    stats = tokenize_file(raw_file, out, tok_dirs["chatml"], 512, batch_size=8, log=logs.append, max_skipped_pct=5)
     assert stats["rows"] == 38 and stats["skipped"] == {NO_SUPERVISED_TOKENS: 2}
     assert logs[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
 
@@ -312,9 +354,10 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
                                "finish_reason"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
-    row = ds[3]
+    row, tok = ds[3], toks["chatml"]
     conv = conversation(True, True)
-    assert row["input_ids"] == toks["chatml"].apply_chat_template(conv)["input_ids"]
+    prompt = ids_of(tok, tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True))
+    assert row["input_ids"] == prompt + ids_of(tok, RAW_REASONING) + [tok.convert_tokens_to_ids("<|im_end|>")]
     assert row["num_tokens"] == len(row["input_ids"]) == len(row["loss_mask"])
     assert row["num_supervised"] == sum(row["loss_mask"])
     assert row["finish_reason"] == "stop" and ds[0]["finish_reason"] == "length"
@@ -335,6 +378,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "chat_template_kwargs": {},
         "max_length": 512,
         "use_server_token_ids": True,
+        "server_id_rows": 0,
+        "trust_remote_code": False,
         "config_sha256": None,
         "rows": 38,
         "skipped": {NO_SUPERVISED_TOKENS: 2},
@@ -345,27 +390,50 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 def test_tokenize_file_two_processes_same_output(tmp_path, raw_file, tok_dirs):
     one, two = str(tmp_path / "one.arrow"), str(tmp_path / "two.arrow")
     logs1, logs2 = [], []
-    s1 = tokenize_file(raw_file, one, tok_dirs["llama3"], 512, processes=1, batch_size=4, log=logs1.append)
-    s2 = tokenize_file(raw_file, two, tok_dirs["llama3"], 512, processes=2, batch_size=4, log=logs2.append)
+    s1 = tokenize_file(raw_file, one, tok_dirs["llama3"], 512, processes=1, batch_size=4, log=logs1.append,
+                       max_skipped_pct=5)
+    s2 = tokenize_file(raw_file, two, tok_dirs["llama3"], 512, processes=2, batch_size=4, log=logs2.append,
+                       max_skipped_pct=5)
     assert s1 == s2
     assert logs1[-1] == logs2[-1]
     with open(one, "rb") as a, open(two, "rb") as b:
         assert a.read() == b.read()
 
 
-def test_tokenize_file_chat_template_kwargs(tmp_path, tok_dirs):
+def test_tokenize_file_renders_each_record_with_its_own_template_kwargs(tmp_path, tok_dirs, toks):
+    """Item 6: generated with enable_thinking false, then the config's kwargs changed: the rows are
+    those of the records' settings, none is skipped (was: prompt_not_prefix, 0 rows, exit 0)."""
     raw = tmp_path / "raw.jsonl"
-    raw.write_text("\n".join(json.dumps(record(i, conversation(False, i == 1))) for i in range(3)) + "\n")
+    lines = [dict(record(i, conversation(False, False)), params={"extra_body": {"chat_template_kwargs": {
+        "enable_thinking": False}}}) for i in range(3)]
+    raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = str(tmp_path / "t.arrow")
     logs = []
-    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 512,
-                          chat_template_kwargs={"enable_thinking": False},
+    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 512, chat_template_kwargs={"enable_thinking": True},
                           log=logs.append)
-    assert stats["rows"] == 2 and stats["skipped"] == {PROMPT_NOT_PREFIX: 1}
-    assert logs[-1] == "Tokenized: 2 (1 skipped: prompt_not_prefix=1)"
+    assert stats["rows"] == 3 and stats["skipped"] == {} and logs[-1] == "Tokenized: 3 (0 skipped)"
     table, meta = read_stream(out)
-    assert meta["chat_template_kwargs"] == {"enable_thinking": False}
-    assert table.column("id").to_pylist() == ["p000", "p002"]
+    tok = toks["chatml"]
+    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
+        assert decode(tok, split_by_mask(ids, mask)[1]).endswith("<think>\n\n</think>\n\n")
+
+
+def test_more_skipped_than_max_skipped_pct_fails_naming_reason_and_first_id(tmp_path, tok_dirs):
+    """Item 7: never a silent empty result."""
+    raw = tmp_path / "raw.jsonl"
+    lines = [record(i, long_prompt_conv() if i in (3, 4) else conversation(False, False)) for i in range(10)]
+    raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = tmp_path / "t.arrow"
+    with pytest.raises(UserError) as exc:
+        tokenize_file(str(raw), str(out), tok_dirs["chatml"], 256, log=lambda m: None)
+    assert str(exc.value) == (f"{raw}: 2 of 10 records skipped (20.0 % > tokenizer.max_skipped_pct 1); "
+                              "most: no_supervised_tokens (2, first id 'p003')")
+    assert not out.exists()
+    stats = tokenize_file(str(raw), str(out), tok_dirs["chatml"], 256, log=lambda m: None, max_skipped_pct=20)
+    assert stats["rows"] == 8 and out.exists()
+    proc = run_cli("--input", str(raw), "--output", str(out), "--tokenizer", tok_dirs["chatml"], "--max-length", "256")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ") \
+        and "first id 'p003'" in proc.stderr
 
 
 def test_tokenize_file_empty_input(tmp_path, tok_dirs):
@@ -376,7 +444,7 @@ def test_tokenize_file_empty_input(tmp_path, tok_dirs):
     logs = []
     out = str(tmp_path / "t.arrow")
     stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 64, log=logs.append)
-    assert stats == {"rows": 0, "skipped": {}, "tokens": 0, "supervised_tokens": 0}
+    assert stats == {"rows": 0, "skipped": {}, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
     assert logs == ["Tokenized: 0 (0 skipped)"]
     assert len(datasets.Dataset.from_file(out)) == 0
 
@@ -451,7 +519,8 @@ def test_cli(tmp_path, raw_file, tok_dirs):
     assert "--chat-template-kwargs" in run_cli("--help").stdout
     out = tmp_path / "tok.arrow"
     proc = run_cli("--input", raw_file, "--output", str(out), "--tokenizer", tok_dirs["qwen3_strip"],
-                   "--max-length", "256", "--chat-template-kwargs", '{"enable_thinking": true}')
+                   "--max-length", "256", "--chat-template-kwargs", '{"enable_thinking": true}',
+                   "--max-skipped-pct", "5")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
     _, meta = read_stream(str(out))

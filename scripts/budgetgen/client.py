@@ -110,6 +110,7 @@ class ChatResult:
     model: str = ""
     extra: dict = field(default_factory=dict)
     token_ids: list | None = None  # the generated ids, when asked for and the server sent them
+    prompt_token_ids: list | None = None  # the prompt's ids as the server fed them to the model
 
 
 def _error_message(body):
@@ -390,8 +391,11 @@ class ChatClient:
         """Stream one chat completion from ep; call on_token(n) with the tokens of each chunk as it
         arrives (see the module docstring); return ChatResult.
 
-        return_token_ids asks the server for the generated token ids (vLLM's `return_token_ids`:
-        `token_ids` on each choice chunk); they come back in ChatResult.token_ids, else None.
+        return_token_ids asks the server for the prompt's and the generated token ids: "vllm" (or True)
+        sends vLLM's `return_token_ids` (`prompt_token_ids` on the first chunk, `token_ids` on each
+        choice chunk), "sglang" SGLang's `return_input_ids` / `return_output_ids` (one final chunk with
+        `sglext: {input_ids, output_ids: [[...]]}`); they come back in ChatResult.prompt_token_ids and
+        .token_ids, else None.
 
         Raises TransientError, PermanentError or ServerRefused; anything else is a bug.
         """
@@ -403,9 +407,12 @@ class ChatClient:
             if params.get(k) is not None:
                 body[k] = params[k]
         body.update(params.get("extra_body") or {})
-        if return_token_ids:
+        if return_token_ids == "sglang":
+            body["return_input_ids"] = body["return_output_ids"] = True
+        elif return_token_ids:
             body["return_token_ids"] = True
         url = f"{ep.base_url}/chat/completions"
+        prompt_ids = sgl_output_ids = None
         content, reasoning, token_ids = [], [], []
         finish, usage, streamed, model = None, None, 0, ""
         counted = 0  # tokens reported to on_token so far
@@ -445,6 +452,15 @@ class ChatClient:
                             raise PermanentError(status, msg)
                         raise TransientError(f"server error mid-stream: {msg}")
                     model = chunk.get("model") or model
+                    if return_token_ids:
+                        if chunk.get("prompt_token_ids"):
+                            prompt_ids = chunk["prompt_token_ids"]
+                        ext = chunk.get("sglext")
+                        if isinstance(ext, dict):
+                            prompt_ids = ext.get("input_ids") or prompt_ids
+                            out = ext.get("output_ids")
+                            if out and isinstance(out[0], list):
+                                sgl_output_ids = out[0]
                     chunk_usage = chunk.get("usage")
                     if chunk_usage:
                         usage = chunk_usage
@@ -459,6 +475,8 @@ class ChatClient:
                         if think:
                             reasoning.append(think)
                             n_chars += len(think)
+                        if return_token_ids and choice.get("prompt_token_ids"):
+                            prompt_ids = choice["prompt_token_ids"]
                         ids = choice.get("token_ids")
                         if ids:
                             token_ids.extend(ids)
@@ -496,4 +514,5 @@ class ChatClient:
         reasoning_text = "".join(reasoning)
         return ChatResult(content="".join(content), reasoning=reasoning_text if reasoning_text.strip() else "",
                           finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model,
-                          token_ids=token_ids if return_token_ids and token_ids else None)
+                          token_ids=(sgl_output_ids or token_ids or None) if return_token_ids else None,
+                          prompt_token_ids=prompt_ids if return_token_ids else None)

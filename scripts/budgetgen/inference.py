@@ -51,7 +51,7 @@ class Settings:
     startup_wait_s: float = 10.0
     progress_interval_s: float = 10.0
     on_bad_line: str = "error"
-    return_token_ids: bool = False
+    return_token_ids: bool | str = False  # False, "vllm" (True) or "sglang": which API asks for the ids
     continuous_usage_stats: bool = True  # ask for usage on every chunk (exact tokens in flight)
     endpoint_concurrency: int = 0  # per endpoint; 0 = no cap but `concurrency`
     endpoint_recheck_s: float = 10.0
@@ -233,6 +233,7 @@ class InferenceJob:
             "latency_s": round(time.time() - t0, 3),
             "attempts": attempt + 1,
             "usage": res.usage,
+            **({"prompt_token_ids": res.prompt_token_ids} if res.prompt_token_ids else {}),
             **({"completion_token_ids": res.token_ids} if res.token_ids else {}),
         })
         self.state.ids.add(prompt.id)

@@ -108,7 +108,7 @@ def prompt_token_count(messages):
 class Plan:
     """The deterministic response to one request: word indices, reasoning count, finish reason."""
 
-    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids", "hang")
+    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids", "hang", "prompt_ids", "sglext_ids")
 
     def __init__(self, cfg, messages, max_tokens, mean_tokens=None):
         key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
@@ -124,6 +124,8 @@ class Plan:
         self.n_reasoning = min(n, round(cfg.reasoning_share * length))
         self.words = [rng.randrange(len(VOCAB)) for _ in range(n)]
         self.token_ids = None  # set when the request asks for them and the server can tokenize
+        self.prompt_ids = None  # the prompt's ids (vLLM: on the first chunk)
+        self.sglext_ids = None  # SGLang style: (input_ids, output_ids) in one final sglext chunk
         self.hang = False
 
     def texts(self):
@@ -465,8 +467,10 @@ class MockServer:
         self.tokenizer = None  # --token-ids-tokenizer, loaded on first use
 
     def token_ids(self, messages, plan, body):
-        """The generated turn's ids, as the target tokenizer's chat template tokenizes it (what a
-        vLLM server's `return_token_ids` gives when its model produced exactly this text)."""
+        """(prompt ids, generated ids) as a server with the target tokenizer would report them when its
+        model produced exactly this text: the generation prompt rendered with the request's
+        chat_template_kwargs, then the raw output (reasoning in the template's delimiters, the
+        end-of-turn token unless cut at max_tokens); budgetgen.tokenization builds the same row."""
         from .tokenization import encode_batch
 
         if self.tokenizer is None:
@@ -477,12 +481,15 @@ class MockServer:
         assistant = {"role": "assistant", "content": content}
         if plan.n_reasoning:
             assistant["reasoning_content"] = reasoning
-        kwargs = body.get("chat_template_kwargs") or None
-        res = encode_batch(self.tokenizer, [messages + [assistant]], 1 << 30, kwargs)[0]
+        kwargs = body.get("chat_template_kwargs") or {}
+        record = {"messages": messages + [assistant], "finish_reason": plan.finish_reason,
+                  "params": {"extra_body": {"chat_template_kwargs": kwargs}}}
+        res = encode_batch(self.tokenizer, [record], 1 << 30)[0]
         if isinstance(res, str):
-            return []
+            return [], []
         ids, mask = res
-        return [t for t, m in zip(ids, mask) if m]
+        start = mask.index(1) if 1 in mask else len(ids)
+        return ids[:start], ids[start:]
 
     # -- lifecycle
     async def listen(self, port):
@@ -631,8 +638,11 @@ class MockServer:
         include_usage = stream and bool(stream_options.get("include_usage"))
         # as vLLM: usage on every chunk only together with include_usage
         continuous = include_usage and bool(stream_options.get("continuous_usage_stats"))
-        if body.get("return_token_ids") and cfg.token_ids_tokenizer:
-            plan.token_ids = self.token_ids(messages, plan, body)
+        if cfg.token_ids_tokenizer:
+            if body.get("return_token_ids"):  # vLLM
+                plan.prompt_ids, plan.token_ids = self.token_ids(messages, plan, body)
+            elif body.get("return_input_ids") or body.get("return_output_ids"):  # SGLang's sglext
+                plan.sglext_ids = self.token_ids(messages, plan, body)
 
         await self.slots.acquire(conn)
         job = Job(stats.epoch)
@@ -725,9 +735,12 @@ class MockServer:
             suffixes = [b'},"logprobs":null,"finish_reason":null,"token_ids":'
                         + json.dumps(ids[cuts[i]:cuts[i + 1]]).encode() + b'}]}\n\n' for i in range(n)]
 
+        first_ids = b""  # vLLM: the prompt's ids on the first chunk
+        if plan.prompt_ids is not None:
+            first_ids = b',"prompt_token_ids":' + json.dumps(plan.prompt_ids).encode()
         self.stats.by_status[200] += 1
         conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
-                   + chunk(pre + b'"role":"assistant","content":""' + suffix[:-3] + running(0) + b"}\n\n"))
+                   + chunk(pre + b'"role":"assistant","content":""' + suffix[:-3] + running(0) + first_ids + b"}\n\n"))
         if plan.hang:
             await conn.drain()
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
@@ -773,6 +786,10 @@ class MockServer:
         if include_usage:
             u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0)}
             tail.append(b"data: " + json.dumps(u, **_JSON).encode() + b"\n\n")
+        if plan.sglext_ids is not None:  # SGLang: the ids once, in a final response-level chunk
+            ext = {**base, "choices": [], "sglext": {"input_ids": plan.sglext_ids[0],
+                                                     "output_ids": [plan.sglext_ids[1]]}}
+            tail.append(b"data: " + json.dumps(ext, **_JSON).encode() + b"\n\n")
         tail.append(b"data: [DONE]\n\n")
         conn.write(chunk(b"".join(tail)) + b"0\r\n\r\n")
         await conn.drain()

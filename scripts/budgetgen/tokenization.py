@@ -1,23 +1,29 @@
-"""Chat-template rendering, loss masks and Arrow output for draft-model training data.
+"""Training rows for draft models: the prompt exactly as the server fed it to the model, then
+exactly the tokens it generated.
 
-Each input record is a conversation whose LAST message is the generated assistant turn. It is
-rendered twice with the tokenizer's own chat template:
+A row is `prompt ids + completion ids`, loss_mask 0 on the prompt and 1 on the completion. The
+generated turn is never passed through the chat template: templates are written for prompting (they
+strip reasoning, prefill `<think>`, rewrite history) and do not reproduce what the model generated.
 
-  full   = apply_chat_template(messages,      add_generation_prompt=False)
-  prompt = apply_chat_template(messages[:-1], add_generation_prompt=True)
+Server ids: a record with `completion_token_ids` (server.return_token_ids) uses them verbatim, after
+its `prompt_token_ids` when the server returned those too (vLLM, SGLang), else after the rendered
+prompt below. Nothing is appended: a response cut at max_tokens ends where the model stopped.
 
-Both are tokenized (batched, without added special tokens, which is what
-apply_chat_template(tokenize=True) does). The prompt's ids must be a prefix of the full ids (checked
-on the ids, not the text); the loss mask is 0 on the prompt, 1 from there through the first
-end-of-turn token, and 0 on whatever the template appends after it. Rows are then truncated to
-max_length.
+Text fallback, when the server returned text only:
+  prompt     = apply_chat_template(messages[:-1], add_generation_prompt=True, **kwargs), with the
+               chat_template_kwargs the request used (the record's params.extra_body), tokenized
+               without added special tokens (what the engines do for chat prompts);
+  completion = the model's raw output rebuilt from the record: the reasoning delimiters' opening tag
+               (unless the generation prompt already ends with it), reasoning_content, the closing
+               tag (unless the response was cut inside the reasoning), content; then the end-of-turn
+               token the template puts after an assistant turn, unless finish_reason is "length".
+The turn's format (end-of-turn token, reasoning delimiters, whether the generation prompt prefills
+the opening tag) is derived from the tokenizer and its template (TurnFormat), never from a list of
+known models. A record whose raw output cannot be rebuilt faithfully (reasoning, but no delimiters
+in the tokenizer) is skipped with a counted reason, as are template errors.
 
-Server token ids: a record with `completion_token_ids` (journaled when server.return_token_ids is on)
-has its generated turn, ids[prompt_len:mask_end], replaced by the server's exact ids (plus the
-template's end-of-turn token when generation was cut before one), so what the model produced is
-trained on without re-tokenization drift; the prompt and the template's tail stay as rendered.
-
-The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), written atomically.
+The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), written atomically;
+more than max_skipped_pct percent of records skipped fails the job, naming the reason and first id.
 """
 
 import hashlib
@@ -32,13 +38,14 @@ from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
 
 # Skip reasons (counted, never written).
-PROMPT_NOT_PREFIX = "prompt_not_prefix"
 NO_SUPERVISED_TOKENS = "no_supervised_tokens"
 TEMPLATE_ERROR = "template_error"
 SERVER_IDS_OUT_OF_VOCAB = "server_token_ids_out_of_vocab"
+REASONING_DELIMITERS_UNKNOWN = "reasoning_delimiters_unknown"
 
-# End-of-turn tokens besides the tokenizer's eos token (ChatML, Llama 3).
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
+# Reasoning delimiter pairs, taken when the tokenizer has both as tokens (or its template names them).
+REASONING_TAGS = (("<think>", "</think>"), ("<seed:think>", "</seed:think>"), ("◁think▷", "◁/think▷"),
+                  ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<thinking>", "</thinking>"))
 
 # apply_chat_template arguments that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {
@@ -70,8 +77,9 @@ def _schema():
 # Tokenizer
 
 
-def load_tokenizer(path):
-    """AutoTokenizer.from_pretrained(path), which must be a fast tokenizer with a chat template."""
+def load_tokenizer(path, trust_remote_code=False):
+    """AutoTokenizer.from_pretrained(path): fast (tokenizers) or slow (Python, e.g. Kimi-K2's TikToken
+    tokenizer, which needs trust_remote_code for the module its auto_map names), with a chat template."""
     name = os.fspath(path)
     looks_local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)
     if looks_local and not os.path.isdir(name):
@@ -83,15 +91,16 @@ def load_tokenizer(path):
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its own multi-line warnings would bury our one-line error
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except Exception as exc:  # OSError (not found / offline), ValueError (bad config), ...
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=bool(trust_remote_code))
+    except Exception as exc:  # OSError (not found / offline), ValueError (bad config, remote code), ...
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = "folder" if os.path.isdir(name) else "no such folder, and not available offline from the hub"
-        raise UserError(f"tokenizer {name}: cannot load ({where}): {first}") from None
+        hint = ""
+        if not trust_remote_code and ("trust_remote_code" in str(exc) or "auto_map" in str(exc)):
+            hint = " (its tokenizer is code in the folder: set tokenizer.trust_remote_code: true if you trust it)"
+        raise UserError(f"tokenizer {name}: cannot load ({where}): {first}{hint}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    if not getattr(tokenizer, "is_fast", False) or getattr(tokenizer, "backend_tokenizer", None) is None:
-        raise UserError(f"tokenizer {name}: not a fast (tokenizers) tokenizer")
     if not tokenizer.chat_template:
         raise UserError(f"tokenizer {name}: has no chat template")
     return tokenizer
@@ -102,18 +111,6 @@ def chat_template_sha256(tokenizer):
     if not isinstance(template, str):
         template = json.dumps(template, sort_keys=True)
     return hashlib.sha256(template.encode("utf-8")).hexdigest()
-
-
-def end_of_turn_ids(tokenizer):
-    """The token ids that end an assistant turn: eos, plus <|im_end|> / <|eot_id|> where they exist."""
-    ids = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    added = {tok.content: idx for idx, tok in tokenizer.added_tokens_decoder.items()}
-    for token in END_OF_TURN_TOKENS:
-        if token in added and added[token] not in ids:
-            ids.append(int(added[token]))
-    return tuple(ids)
 
 
 def tokenizer_sha256(path):
@@ -182,6 +179,89 @@ def _prepare(conversation):
     return out
 
 
+def _special_ids(tokenizer):
+    """Ids of the tokenizer's special tokens (declared special, or added tokens marked special)."""
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    for idx, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(idx))
+    return ids
+
+
+class TurnFormat:
+    """What the chat template says about the turn the model generates, derived from the tokenizer:
+
+    eot        the token that ends an assistant turn: the first special token the template writes
+               after an assistant turn's content (a probe conversation user/assistant/user is
+               rendered and the text after the assistant's content tokenized), else eos;
+    open_tag / close_tag
+               the reasoning delimiters: the first pair of REASONING_TAGS the tokenizer has as
+               tokens (or its template names); None when it has none.
+    Whether the generation prompt prefills the opening tag depends on the template kwargs (thinking
+    on/off) and is decided per render (prefilled()).
+    """
+
+    PROBE = "Qx7PROBE"
+
+    def __init__(self, tokenizer, render):
+        self.special = _special_ids(tokenizer)
+        self.eot = self._eot(tokenizer, render)
+        vocab = tokenizer.get_vocab()
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
+            tokenizer.chat_template)
+        self.open_tag = self.close_tag = None
+        for open_tag, close_tag in REASONING_TAGS:
+            if (open_tag in vocab and close_tag in vocab) or (open_tag in template and close_tag in template):
+                self.open_tag, self.close_tag = open_tag, close_tag
+                break
+
+    def _eot(self, tokenizer, render):
+        p = self.PROBE
+        for conv in ([{"role": "user", "content": "U1"}, {"role": "assistant", "content": p},
+                      {"role": "user", "content": "U2"}],
+                     [{"role": "user", "content": "U1"}, {"role": "assistant", "content": p}]):
+            text = render(conv)
+            if text is None or p not in text:
+                continue
+            tail = text.split(p, 1)[1]
+            if "U2" in tail:
+                tail = tail.split("U2", 1)[0]
+            for t in tokenizer(tail, add_special_tokens=False)["input_ids"]:
+                if t in self.special:
+                    return int(t)
+        return int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else None
+
+    def prefilled(self, prompt_text):
+        """Whether the generation prompt already opens the reasoning (QwQ, R1, Qwen3.5, V3.1 thinking)."""
+        return bool(self.open_tag) and prompt_text.rstrip().endswith(self.open_tag)
+
+    def completion_text(self, message, prompt_text, finish_reason):
+        """The model's raw output for a generated message, or None if it cannot be rebuilt."""
+        content = message.get("content") or ""
+        reasoning = ""
+        for key in _REASONING_FIELDS:
+            if message.get(key):
+                reasoning = message[key]
+                break
+        if not reasoning:
+            return content
+        if not self.open_tag:
+            return None
+        text = reasoning if self.prefilled(prompt_text) else self.open_tag + reasoning
+        if content or finish_reason != "length":  # cut inside the reasoning: no closing tag was made
+            text += self.close_tag + content
+        return text
+
+
+def _record_kwargs(record, default):
+    """The chat_template_kwargs the record's request used (its params.extra_body), else `default`."""
+    params = record.get("params")
+    if not isinstance(params, dict):
+        return default
+    kwargs = (params.get("extra_body") or {}).get("chat_template_kwargs")
+    return dict(kwargs) if isinstance(kwargs, dict) else {}
+
+
 class _Encoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
@@ -192,14 +272,24 @@ class _Encoder:
         self.vocab_size = len(tokenizer)
         self.max_length = operator.index(max_length)
         self.kwargs = dict(chat_template_kwargs or {})
-        self.eot = end_of_turn_ids(tokenizer)
-        # One call through the tokenizer sets the backend up as __call__ would (no truncation, no
-        # padding, special-token splitting as configured); the backend is then called directly,
-        # which skips building BatchEncoding/offsets. A per-batch spot check guards the shortcut.
-        tokenizer(["x"], add_special_tokens=False)
-        self.backend = tokenizer.backend_tokenizer
-        self.fast_ok = hasattr(self.backend, "encode_batch_fast")
+        self.formats = {}  # kwargs json -> TurnFormat (the eot may depend on the template's switches)
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        if self.backend is not None:
+            # One call through the tokenizer sets the backend up as __call__ would (no truncation, no
+            # padding, special-token splitting as configured); the backend is then called directly,
+            # which skips building BatchEncoding/offsets. A per-batch spot check guards the shortcut.
+            tokenizer(["x"], add_special_tokens=False)
+        self.fast_ok = self.backend is not None and hasattr(self.backend, "encode_batch_fast")
         self.direct = self._setup_direct()
+
+    def turn_format(self, kwargs):
+        key = json.dumps(kwargs, sort_keys=True)
+        if key not in self.formats:
+            def render(conv):
+                out, _ = self.render([conv], False, kwargs)
+                return out[0]
+            self.formats[key] = TurnFormat(self.tokenizer, render)
+        return self.formats[key]
 
     def ids(self, texts):
         if not texts:
@@ -211,23 +301,23 @@ class _Encoder:
             self.fast_ok = False
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-    def render(self, conversations, add_generation_prompt):
+    def render(self, conversations, add_generation_prompt, kwargs):
         """Render each conversation to text; failures become None (with the first error's text)."""
         if self.direct is not None:
-            out = self._render_direct(conversations, add_generation_prompt)
+            out = self._render_direct(conversations, add_generation_prompt, kwargs)
             if out is not None:
                 return out, None
         apply = self.tokenizer.apply_chat_template
         try:
             return apply(conversations, tokenize=False, add_generation_prompt=add_generation_prompt,
-                         **self.kwargs), None
+                         **kwargs), None
         except Exception:
             pass
         out, first_error = [], None
         for conv in conversations:
             try:
                 out.append(apply([conv], tokenize=False, add_generation_prompt=add_generation_prompt,
-                                 **self.kwargs)[0])
+                                 **kwargs)[0])
             except Exception as exc:
                 out.append(None)
                 first_error = first_error or f"{type(exc).__name__}: {exc}"
@@ -247,18 +337,16 @@ class _Encoder:
             template = _compile_jinja_template(self.tokenizer.get_chat_template())
         except Exception:
             return None
-        variables = {**self.tokenizer.special_tokens_map, **self.kwargs}
-        return template, variables
+        return template, dict(self.tokenizer.special_tokens_map)
 
-    def _render_direct(self, conversations, add_generation_prompt):
+    def _render_direct(self, conversations, add_generation_prompt, kwargs):
         template, variables = self.direct
         try:
             out = [template.render(messages=_prepare(conv), tools=None, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **variables)
+                                   add_generation_prompt=add_generation_prompt, **variables, **kwargs)
                    for conv in conversations]
             check = self.tokenizer.apply_chat_template(
-                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt,
-                **self.kwargs)[0]
+                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)[0]
         except Exception:
             return None  # apply_chat_template's path sorts out which conversation fails
         if out[0] != check:
@@ -266,69 +354,86 @@ class _Encoder:
             return None
         return out
 
-    def encode(self, conversations, server_ids=None):
-        """Per conversation: (ids truncated to max_length, prompt_len, mask_end) or a skip reason.
+    def encode(self, records):
+        """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
 
-        The loss mask is 1 on ids[prompt_len:mask_end] and 0 elsewhere. server_ids, if given, holds
-        per conversation the server's generated ids or None (see the module docstring).
+        The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
+        (dict with "messages", "finish_reason", "params"?, "prompt_token_ids"?, "completion_token_ids"?).
         """
-        if not conversations:
-            return [], None
-        full, err1 = self.render(conversations, False)
-        prompt, err2 = self.render([conv[:-1] for conv in conversations], True)
-        ok = [i for i in range(len(conversations)) if full[i] is not None and prompt[i] is not None]
-        if len(ok) == len(conversations):
-            full_ids, prompt_ids = self.ids(full), self.ids(prompt)
-        else:
-            full_ids, prompt_ids = [None] * len(conversations), [None] * len(conversations)
-            for i, f, p in zip(ok, self.ids([full[i] for i in ok]), self.ids([prompt[i] for i in ok])):
-                full_ids[i], prompt_ids[i] = f, p
-        max_length, eot = self.max_length, self.eot
-        if server_ids is None or not self.use_server_ids:
-            server_ids = [None] * len(conversations)
-        results = []
-        for f, p, s in zip(full_ids, prompt_ids, server_ids):
-            if f is None:
-                results.append(TEMPLATE_ERROR)
-                continue
-            lp = len(p)
-            if len(f) <= lp or f[:lp] != p:
-                results.append(PROMPT_NOT_PREFIX if f[:lp] != p else NO_SUPERVISED_TOKENS)
-                continue
-            end = len(f)
-            for e in eot:
-                try:
-                    end = min(end, f.index(e, lp, end) + 1)
-                except ValueError:
-                    pass
-            if s:
-                if max(s) >= self.vocab_size or min(s) < 0:
-                    results.append(SERVER_IDS_OUT_OF_VOCAB)
+        n = len(records)
+        results = [None] * n
+        prompt_ids, completion_ids = [None] * n, [None] * n
+        first_error = None
+        need_prompt = []  # indices whose prompt is rendered here
+        for i, rec in enumerate(records):
+            server = rec.get("completion_token_ids") if self.use_server_ids else None
+            if server:
+                if max(server) >= self.vocab_size or min(server) < 0:
+                    results[i] = SERVER_IDS_OUT_OF_VOCAB
                     continue
-                generated = list(s)
-                if f[end - 1] in eot and generated[-1] not in eot:  # cut at max_tokens: close the turn
-                    generated.append(f[end - 1])
-                f = f[:lp] + generated + f[end:]
-                end = lp + len(generated)
-            if len(f) > max_length:
-                f = f[:max_length]
-                end = min(end, max_length)
-            if end <= lp:
-                results.append(NO_SUPERVISED_TOKENS)
+                completion_ids[i] = list(server)
+                if rec.get("prompt_token_ids"):
+                    prompt_ids[i] = list(rec["prompt_token_ids"])
+                    continue
+            need_prompt.append(i)
+        # render the prompts, one group per chat_template_kwargs (each record's own)
+        groups = {}
+        for i in need_prompt:
+            kwargs = _record_kwargs(records[i], self.kwargs)
+            groups.setdefault(json.dumps(kwargs, sort_keys=True), (kwargs, []))[1].append(i)
+        texts_of = {}  # index -> completion text to tokenize
+        prompt_text = {}
+        for kwargs, idx in groups.values():
+            fmt = self.turn_format(kwargs)
+            rendered, err = self.render([records[i]["messages"][:-1] for i in idx], True, kwargs)
+            first_error = first_error or err
+            for i, text in zip(idx, rendered):
+                if text is None:
+                    results[i] = TEMPLATE_ERROR
+                    continue
+                prompt_text[i] = text
+                if completion_ids[i] is None:
+                    rec = records[i]
+                    raw = fmt.completion_text(rec["messages"][-1], text, rec.get("finish_reason"))
+                    if raw is None:
+                        results[i] = REASONING_DELIMITERS_UNKNOWN
+                        continue
+                    texts_of[i] = (raw, None if rec.get("finish_reason") == "length" else fmt.eot)
+        order = [i for i in prompt_text if results[i] is None]
+        for i, ids in zip(order, self.ids([prompt_text[i] for i in order])):
+            prompt_ids[i] = ids
+        order = [i for i in texts_of if results[i] is None]
+        for i, ids in zip(order, self.ids([texts_of[i][0] for i in order])):
+            eot = texts_of[i][1]
+            completion_ids[i] = ids + [eot] if eot is not None else ids
+        max_length = self.max_length
+        for i in range(n):
+            if results[i] is not None:
                 continue
-            results.append((f, lp, end))
-        return results, err1 or err2
+            p, c = prompt_ids[i], completion_ids[i]
+            ids = p + c
+            end = len(ids)
+            if len(ids) > max_length:
+                ids = ids[:max_length]
+                end = max_length
+            if end <= len(p):
+                results[i] = NO_SUPERVISED_TOKENS
+                continue
+            results[i] = (ids, len(p), end)
+        return results, first_error
 
 
-def encode_batch(tokenizer, conversations, max_length, chat_template_kwargs=None, server_ids=None):
-    """Encode conversations (lists of messages, the last one the generated assistant turn).
+def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_server_ids=True):
+    """Encode journal records (or plain conversations: lists of messages whose last one is the
+    generated assistant turn, taken as finished with "stop").
 
-    Returns, per conversation, (input_ids, loss_mask) as lists of ints, or a skip-reason string
-    ("prompt_not_prefix", "no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab").
-    server_ids: per conversation the server's generated token ids, or None to render the text.
+    Returns, per record, (input_ids, loss_mask) as lists of ints, or a skip-reason string
+    ("no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab",
+    "reasoning_delimiters_unknown").
     """
-    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs)
-    results, _ = encoder.encode([list(conv) for conv in conversations], server_ids)
+    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids)
+    records = [r if isinstance(r, dict) else {"messages": list(r), "finish_reason": "stop"} for r in records]
+    results, _ = encoder.encode(records)
     out = []
     for res in results:
         if isinstance(res, str):
@@ -366,11 +471,11 @@ def _parse_record(line, lineno, input_path):
     finish = record.get("finish_reason")
     if finish is not None and not isinstance(finish, str):
         raise UserError(f"{where}: \"finish_reason\" must be a string")
-    server_ids = record.get("completion_token_ids")
-    if server_ids is not None and (not isinstance(server_ids, list)
-                                   or not all(type(t) is int for t in server_ids)):
-        raise UserError(f"{where}: \"completion_token_ids\" must be a list of integers")
-    return str(rid), messages, finish, _settings_key(record), server_ids
+    for key in ("completion_token_ids", "prompt_token_ids"):
+        ids = record.get(key)
+        if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):
+            raise UserError(f"{where}: \"{key}\" must be a list of integers")
+    return str(rid), record, finish, _settings_key(record)
 
 
 def _settings_key(record):
@@ -387,18 +492,21 @@ def _encode_chunk(encoder, chunk, input_path):
     import pyarrow as pa
 
     records = [_parse_record(line, lineno, input_path) for lineno, line in chunk]
-    results, error = encoder.encode([r[1] for r in records], [r[4] for r in records])
-    skipped = Counter()
+    results, error = encoder.encode([r[1] for r in records])
+    skipped, first_skipped = Counter(), {}
     kept_ids, kept_finish, rows = [], [], []
-    for (rid, _, finish, _, _), res in zip(records, results):
+    server_rows = 0
+    for (rid, rec, finish, _), res in zip(records, results):
         if isinstance(res, str):
             skipped[res] += 1
+            first_skipped.setdefault(res, rid)
         else:
+            server_rows += bool(encoder.use_server_ids and rec.get("completion_token_ids"))
             kept_ids.append(rid)
             kept_finish.append(finish)
             rows.append(res)
-    stats = {"records": len(records), "skipped": dict(skipped), "error": error,
-             "settings": dict(Counter(r[3] for r in records))}
+    stats = {"records": len(records), "skipped": dict(skipped), "first_skipped": first_skipped, "error": error,
+             "settings": dict(Counter(r[3] for r in records)), "server_id_rows": server_rows}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
@@ -466,7 +574,8 @@ def _cpu_count():
         return os.cpu_count() or 1
 
 
-def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids):
+def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids,
+                 trust_remote_code=False):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
     # thread pool starts); with one core each, the processes are the only parallelism.
@@ -475,7 +584,7 @@ def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, t
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
     _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids), input_path)
 
 
@@ -494,10 +603,11 @@ def format_summary(rows, skipped):
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
                   chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
-                  use_server_token_ids=True, config_sha256=None):
+                  use_server_token_ids=True, config_sha256=None, trust_remote_code=False, max_skipped_pct=1.0):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
-    Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens"}.
+    Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens", "server_id_rows"}.
+    More than max_skipped_pct percent of the records skipped is an error (nothing is written).
     """
     import pyarrow as pa
 
@@ -509,11 +619,11 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
     if not os.path.isfile(input_path):
         raise UserError(f"{input_path}: no such file")
     # Loaded here even with workers: fails early with a clean error, and gives the template's hash.
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
     template_sha = chat_template_sha256(tokenizer)
 
-    totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0}
-    skipped = Counter()
+    totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
+    skipped, first_skipped = Counter(), {}
     records = 0
     started = last_progress = time.monotonic()
     first_error = None
@@ -535,7 +645,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                     pool = multiprocessing.get_context("spawn").Pool(
                         processes, initializer=_worker_init,
                         initargs=(tokenizer_path, max_length, chat_template_kwargs, input_path,
-                                  _cpu_count() // processes, use_server_token_ids))
+                                  _cpu_count() // processes, use_server_token_ids, trust_remote_code))
                     results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
                 try:
                     for batch, stats in results:
@@ -544,6 +654,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                         records += stats["records"]
                         settings.update(stats["settings"])
                         skipped.update(stats["skipped"])
+                        for reason, rid in stats["first_skipped"].items():
+                            first_skipped.setdefault(reason, rid)
                         for key in totals:
                             totals[key] += stats[key]
                         if stats["error"] and first_error is None:
@@ -559,6 +671,12 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                     if pool is not None:
                         pool.terminate()
                         pool.join()
+            n_skipped = sum(skipped.values())
+            if records and 100.0 * n_skipped / records > max_skipped_pct:
+                reason, count = skipped.most_common(1)[0]
+                raise UserError(f"{input_path}: {n_skipped} of {records} records skipped "
+                                f"({100.0 * n_skipped / records:.1f} % > tokenizer.max_skipped_pct {max_skipped_pct:g}); "
+                                f"most: {reason} ({count}, first id {first_skipped[reason]!r})")
             if len(settings) > 1 and not allow_mixed_settings:
                 kinds = "; ".join(f"{n} x {k}" for k, n in settings.most_common())
                 raise UserError(f"{input_path}: responses were generated with {len(settings)} different "
@@ -573,6 +691,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 "chat_template_kwargs": chat_template_kwargs or {},
                 "max_length": int(max_length),
                 "use_server_token_ids": bool(use_server_token_ids),
+                "server_id_rows": totals["server_id_rows"],
+                "trust_remote_code": bool(trust_remote_code),
                 "config_sha256": config_sha256,
                 "rows": totals["rows"],
                 "skipped": dict(sorted(skipped.items())),
@@ -590,4 +710,4 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
 
     log(format_summary(totals["rows"], skipped))
     return {"rows": totals["rows"], "skipped": dict(sorted(skipped.items())), "tokens": totals["tokens"],
-            "supervised_tokens": totals["supervised_tokens"]}
+            "supervised_tokens": totals["supervised_tokens"], "server_id_rows": totals["server_id_rows"]}
