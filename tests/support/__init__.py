@@ -1,0 +1,1 @@
+"""Test-support code (importable as `support` under pytest: tests/ is on sys.path via conftest)."""
