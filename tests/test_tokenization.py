@@ -561,3 +561,66 @@ def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs
         meta = _json.loads(pa.ipc.open_stream(f).schema.metadata[b"budgetgen"])
     assert [s["records"] for s in meta["generation_settings"]] == [2, 1]
     assert meta["tokenizer_sha256"] and meta["packages"]["budgetgen"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizers like the real targets': Kimi-K2 (slow, TikToken, remote code), Gemma and Phi-3 turn ends
+
+
+@pytest.fixture(scope="session")
+def target_like(tmp_path_factory):
+    from support.tokenizer_folders import build_gemma_like, build_kimi_like, build_phi3_like
+
+    root = tmp_path_factory.mktemp("targets")
+    return {"kimi": str(build_kimi_like(root / "kimi")), "kimi25": str(build_kimi_like(root / "kimi25", think_prefill=True)),
+            "gemma": str(build_gemma_like(root / "gemma")), "phi3": str(build_phi3_like(root / "phi3"))}
+
+
+def test_kimi_like_tiktoken_tokenizer_needs_trust_remote_code_and_makes_exact_rows(tmp_path, target_like):
+    """Item 4: a PreTrainedTokenizer over tiktoken in the folder's own module (auto_map): refused in
+    one line without tokenizer.trust_remote_code, loaded with it, rows through 2 worker processes."""
+    with pytest.raises(UserError, match="trust_remote_code") as exc:
+        load_tokenizer(target_like["kimi"])
+    assert "\n" not in str(exc.value)
+    tok = load_tokenizer(target_like["kimi"], trust_remote_code=True)
+    assert not tok.is_fast
+    conv = [SYSTEM, USER1, {"role": "assistant", "content": "Paris."}, USER2,
+            {"role": "assistant", "content": C_FINAL, "reasoning_content": R_FINAL}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(record(i, conv, "length" if i == 1 else "stop")) + "\n" for i in range(6)))
+    out = tmp_path / "t.arrow"
+    stats = tokenize_file(str(raw), str(out), target_like["kimi"], 4096, processes=2, batch_size=2,
+                          trust_remote_code=True, log=lambda m: None)
+    assert stats["rows"] == 6 and stats["skipped"] == {}
+    table, meta = read_stream(str(out))
+    assert meta["trust_remote_code"] is True
+    ids, mask = table.column("input_ids").to_pylist()[0], table.column("loss_mask").to_pylist()[0]
+    supervised, unsupervised = split_by_mask(ids, mask)
+    assert decode(tok, unsupervised) == tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True)
+    assert decode(tok, unsupervised).endswith("<|im_assistant|>assistant<|im_middle|>")
+    assert decode(tok, supervised) == f"<think>{R_FINAL}</think>{C_FINAL}<|im_end|>"
+    cut = table.column("input_ids").to_pylist()[1], table.column("loss_mask").to_pylist()[1]
+    assert decode(tok, split_by_mask(*cut)[0]) == f"<think>{R_FINAL}</think>{C_FINAL}"  # no eot after a cut
+
+
+def test_kimi25_like_prefilled_think_tag(target_like):
+    tok = load_tokenizer(target_like["kimi25"], trust_remote_code=True)
+    msg = {"role": "assistant", "content": "Eight.", "reasoning_content": "Spiders."}
+    [(ids, mask)] = encode_batch(tok, [rec([USER2, msg])], 4096)
+    supervised, unsupervised = split_by_mask(ids, mask)
+    assert decode(tok, unsupervised).endswith("<think>")
+    assert decode(tok, supervised) == "Spiders.</think>Eight.<|im_end|>"
+
+
+@pytest.mark.parametrize("name,turn_end", [("gemma", "<end_of_turn>"), ("phi3", "<|end|>")])
+def test_turn_end_is_the_templates_and_nothing_after_it_is_supervised(target_like, name, turn_end):
+    """Gemma's turn ends with <end_of_turn> (eos <eos>), Phi-3's with <|end|> (eos <|endoftext|>): the
+    supervised span ends on that token; the newline the template writes after it is not supervised."""
+    tok = load_tokenizer(target_like[name])
+    assert tok.eos_token != turn_end
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, {"role": "assistant", "content": "Paris."}])], 4096)
+    supervised, unsupervised = split_by_mask(ids, mask)
+    assert decode(tok, supervised) == "Paris." + turn_end and supervised[-1] == tok.convert_tokens_to_ids(turn_end)
+    assert decode(tok, unsupervised) == tok.apply_chat_template([USER1], tokenize=False, add_generation_prompt=True)
+    msg = {"role": "assistant", "content": "x", "reasoning_content": "r"}  # no reasoning delimiters: said
+    assert encode_batch(tok, [rec([USER1, msg])], 4096) == [REASONING_DELIMITERS_UNKNOWN]
