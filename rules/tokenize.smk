@@ -22,6 +22,7 @@ rule tokenize:
         use_server_token_ids=config["tokenizer"]["use_server_token_ids"],
         trust_remote_code=config["tokenizer"]["trust_remote_code"],
         max_skipped_pct=config["tokenizer"]["max_skipped_pct"],
+        reasoning_tags=config["tokenizer"]["reasoning_tags"],
         config_sha256=lambda wc: config_sha256(wc.dataset),
         chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     script:

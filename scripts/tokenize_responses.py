@@ -35,6 +35,9 @@ def parse_args(argv):
                     help="re-tokenize the generated text even where the server's token ids were journaled")
     ap.add_argument("--trust-remote-code", action="store_true",
                     help="load a tokenizer whose code is in its folder (auto_map), e.g. Kimi-K2's")
+    ap.add_argument("--reasoning-tags", nargs=2, metavar=("OPEN", "CLOSE"), default=None,
+                    help="the model's reasoning delimiters when neither its template nor its tokens name them "
+                         "(e.g. MiniMax-M1: '<think>' '</think>'); derived by default")
     ap.add_argument("--max-skipped-pct", type=float, default=1.0,
                     help="fail when more than this percentage of records is skipped (default 1)")
     return ap.parse_args(argv)
@@ -63,6 +66,7 @@ def main(argv=None):
                   allow_mixed_settings=args.allow_mixed_settings,
                   use_server_token_ids=not args.no_server_token_ids, config_sha256=args.config_sha256,
                   trust_remote_code=args.trust_remote_code, max_skipped_pct=args.max_skipped_pct,
+                  reasoning_tags=args.reasoning_tags,
                   log=lambda msg: print(msg, flush=True))
     return 0
 
@@ -73,6 +77,7 @@ def argv_from_snakemake(smk):
             "--max-length", p.max_length, "--processes", smk.threads, "--chat-template-kwargs", p.chat_template_kwargs]
     argv += ["--config-sha256", p.config_sha256, "--max-skipped-pct", p.max_skipped_pct]
     argv += ["--trust-remote-code"] if p.trust_remote_code else []
+    argv += ["--reasoning-tags", *p.reasoning_tags] if p.reasoning_tags else []
     argv += ["--allow-mixed-settings"] if p.allow_mixed_settings else []
     return argv + ([] if p.use_server_token_ids else ["--no-server-token-ids"])
 

@@ -51,7 +51,9 @@ class Catalogue:
                 cases.append(rt.build_case(fam, tokenizer, modes[mode], case))
             server = rt.build_server_ids_case(fam, tokenizer)
             rows, errors = rt.tokenize_records([c.record for c in cases + [server]], folder,
-                                               self.base / "runs" / name, tokenizer=tokenizer)
+                                               self.base / "runs" / name, tokenizer=tokenizer,
+                                               reasoning_tags=(fam.open_tag, fam.close_tag) if fam.configured_tags
+                                               else None)
             self.done[name] = {
                 "family": fam, "tokenizer": tokenizer, "cases": {c.id: c for c in cases}, "server": server,
                 "rows": rows, "errors": errors,

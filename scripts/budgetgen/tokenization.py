@@ -31,6 +31,7 @@ import itertools
 import json
 import operator
 import os
+import re
 import time
 from collections import Counter
 
@@ -43,7 +44,9 @@ TEMPLATE_ERROR = "template_error"
 SERVER_IDS_OUT_OF_VOCAB = "server_token_ids_out_of_vocab"
 REASONING_DELIMITERS_UNKNOWN = "reasoning_delimiters_unknown"
 
-# Reasoning delimiter pairs, taken when the tokenizer has both as tokens (or its template names them).
+# Reasoning delimiters: a pair of tags named in the chat template (`<think>`, `<mm:think>`, ...), those
+# that are tokens of the tokenizer first; else the first of these pairs the tokenizer has as tokens.
+_TEMPLATE_TAG = re.compile(r"<(/?)([\w:.-]*think[\w:.-]*)>")
 REASONING_TAGS = (("<think>", "</think>"), ("<seed:think>", "</seed:think>"), ("◁think▷", "◁/think▷"),
                   ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<thinking>", "</thinking>"))
 
@@ -195,25 +198,34 @@ class TurnFormat:
                after an assistant turn's content (a probe conversation user/assistant/user is
                rendered and the text after the assistant's content tokenized), else eos;
     open_tag / close_tag
-               the reasoning delimiters: the first pair of REASONING_TAGS the tokenizer has as
-               tokens (or its template names); None when it has none.
+               the reasoning delimiters: a pair the template names (tokens of the tokenizer first),
+               else the first pair of REASONING_TAGS the tokenizer has as tokens, else None (a model
+               whose tags are plain text, like MiniMax-M1's `<think>`, needs tokenizer.reasoning_tags).
     Whether the generation prompt prefills the opening tag depends on the template kwargs (thinking
     on/off) and is decided per render (prefilled()).
     """
 
     PROBE = "Qx7PROBE"
 
-    def __init__(self, tokenizer, render):
+    def __init__(self, tokenizer, render, reasoning_tags=None):
         self.special = _special_ids(tokenizer)
         self.eot = self._eot(tokenizer, render)
+        self.open_tag, self.close_tag = reasoning_tags or self._tags(tokenizer)
+
+    @staticmethod
+    def _tags(tokenizer):
         vocab = tokenizer.get_vocab()
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
             tokenizer.chat_template)
-        self.open_tag = self.close_tag = None
+        named = dict.fromkeys(name for _, name in _TEMPLATE_TAG.findall(template))  # in order of appearance
+        pairs = [(f"<{n}>", f"</{n}>") for n in named if f"<{n}>" in template and f"</{n}>" in template]
+        pairs.sort(key=lambda pair: not (pair[0] in vocab and pair[1] in vocab))  # tokens first (stable)
+        if pairs:
+            return pairs[0]
         for open_tag, close_tag in REASONING_TAGS:
-            if (open_tag in vocab and close_tag in vocab) or (open_tag in template and close_tag in template):
-                self.open_tag, self.close_tag = open_tag, close_tag
-                break
+            if open_tag in vocab and close_tag in vocab:
+                return open_tag, close_tag
+        return None, None
 
     def _eot(self, tokenizer, render):
         p = self.PROBE
@@ -253,6 +265,12 @@ class TurnFormat:
         return text
 
 
+def _as_parts(conversation):
+    """String contents as one OpenAI text part each (other contents unchanged)."""
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+            for m in conversation]
+
+
 def _record_kwargs(record, default):
     """The chat_template_kwargs the record's request used (its params.extra_body), else `default`."""
     params = record.get("params")
@@ -265,9 +283,10 @@ def _record_kwargs(record, default):
 class _Encoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
-    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True):
+    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None):
         _check_options(max_length, chat_template_kwargs)
         self.tokenizer = tokenizer
+        self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
         self.use_server_ids = use_server_ids
         self.vocab_size = len(tokenizer)
         self.max_length = operator.index(max_length)
@@ -280,7 +299,24 @@ class _Encoder:
             # which skips building BatchEncoding/offsets. A per-batch spot check guards the shortcut.
             tokenizer(["x"], add_special_tokens=False)
         self.fast_ok = self.backend is not None and hasattr(self.backend, "encode_batch_fast")
+        self.content_parts = self._wants_content_parts()
         self.direct = self._setup_direct()
+
+    def _wants_content_parts(self):
+        """Whether the template reads message content as OpenAI parts ([{"type": "text", "text"}]),
+        as MiniMax-M1's does (`message['content'][0]['text']`); the engines detect this and convert
+        string contents before rendering, and so does this encoder."""
+        probe = TurnFormat.PROBE
+        conv = [{"role": "user", "content": probe}]
+
+        def renders(c):
+            try:
+                out = self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **self.kwargs)
+            except Exception:
+                return False
+            return probe in out
+
+        return not renders(conv) and renders(_as_parts(conv))
 
     def turn_format(self, kwargs):
         key = json.dumps(kwargs, sort_keys=True)
@@ -288,7 +324,7 @@ class _Encoder:
             def render(conv):
                 out, _ = self.render([conv], False, kwargs)
                 return out[0]
-            self.formats[key] = TurnFormat(self.tokenizer, render)
+            self.formats[key] = TurnFormat(self.tokenizer, render, self.reasoning_tags)
         return self.formats[key]
 
     def ids(self, texts):
@@ -303,6 +339,8 @@ class _Encoder:
 
     def render(self, conversations, add_generation_prompt, kwargs):
         """Render each conversation to text; failures become None (with the first error's text)."""
+        if self.content_parts:
+            conversations = [_as_parts(conv) for conv in conversations]
         if self.direct is not None:
             out = self._render_direct(conversations, add_generation_prompt, kwargs)
             if out is not None:
@@ -423,7 +461,8 @@ class _Encoder:
         return results, first_error
 
 
-def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_server_ids=True):
+def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_server_ids=True,
+                 reasoning_tags=None):
     """Encode journal records (or plain conversations: lists of messages whose last one is the
     generated assistant turn, taken as finished with "stop").
 
@@ -431,7 +470,7 @@ def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_
     ("no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab",
     "reasoning_delimiters_unknown").
     """
-    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids)
+    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags)
     records = [r if isinstance(r, dict) else {"messages": list(r), "finish_reason": "stop"} for r in records]
     results, _ = encoder.encode(records)
     out = []
@@ -575,7 +614,7 @@ def _cpu_count():
 
 
 def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids,
-                 trust_remote_code=False):
+                 trust_remote_code=False, reasoning_tags=None):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
     # thread pool starts); with one core each, the processes are the only parallelism.
@@ -585,7 +624,7 @@ def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, t
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
-    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids), input_path)
+    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags), input_path)
 
 
 def _worker_encode(chunk):
@@ -603,7 +642,8 @@ def format_summary(rows, skipped):
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
                   chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
-                  use_server_token_ids=True, config_sha256=None, trust_remote_code=False, max_skipped_pct=1.0):
+                  use_server_token_ids=True, config_sha256=None, trust_remote_code=False, max_skipped_pct=1.0,
+                  reasoning_tags=None):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens", "server_id_rows"}.
@@ -635,7 +675,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
         try:
             with pa.OSFile(spool, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
                 if processes == 1:
-                    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_token_ids)
+                    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_token_ids,
+                                       reasoning_tags)
                     results = (_encode_chunk(encoder, chunk, input_path)
                                for chunk in _chunks(input_path, batch_size))
                     pool = None
@@ -645,7 +686,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                     pool = multiprocessing.get_context("spawn").Pool(
                         processes, initializer=_worker_init,
                         initargs=(tokenizer_path, max_length, chat_template_kwargs, input_path,
-                                  _cpu_count() // processes, use_server_token_ids, trust_remote_code))
+                                  _cpu_count() // processes, use_server_token_ids, trust_remote_code,
+                                  reasoning_tags))
                     results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
                 try:
                     for batch, stats in results:
@@ -693,6 +735,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 "use_server_token_ids": bool(use_server_token_ids),
                 "server_id_rows": totals["server_id_rows"],
                 "trust_remote_code": bool(trust_remote_code),
+                "reasoning_tags": list(reasoning_tags) if reasoning_tags else None,
                 "config_sha256": config_sha256,
                 "rows": totals["rows"],
                 "skipped": dict(sorted(skipped.items())),

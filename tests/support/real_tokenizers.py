@@ -82,6 +82,9 @@ class Family:
     # The template reads content as OpenAI parts ([{"type": "text", "text": ...}]); vLLM detects that from the
     # template ("openai" content format) and feeds string contents to it as parts.
     content_parts: bool = False
+    # The tags are plain text, named by neither the template nor the tokens: the config says them
+    # (tokenizer.reasoning_tags).
+    configured_tags: bool = False
     note: str = ""
     aliases: tuple = field(default=())  # folders in the package with the identical config and template
 
@@ -146,7 +149,8 @@ FAMILIES = {f.folder: f for f in [
     Family("minimax-m1-40k", MINIMAX01_EOT, (
         Mode("think", {}, "<beginning_of_sentence>ai name=assistant\n", "<think>\n{R}\n</think>\n\n{C}",
              history_shows_shape=False),
-    ), content_parts=True, note="content as parts; history drops reasoning"),
+    ), content_parts=True, configured_tags=True,
+        note="content as parts; history drops reasoning; tokenizer.reasoning_tags: [<think>, </think>]"),
     Family("minimax-text-01", MINIMAX01_EOT, _plain("<beginning_of_sentence>ai name=assistant\n"),
            content_parts=True, note="content as parts"),
     Family("minimax", MINIMAX_EOT, (Mode("think", {}, "]~b]ai\n<think>\n", "{R}\n</think>\n\n{C}"),),
@@ -413,7 +417,7 @@ def check_ground_truth(family, tokenizer):
 # Running the code under test
 
 
-def tokenize_records(records, tokenizer_path, workdir, tokenizer=None):
+def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning_tags=None):
     """tokenize_file over the records; returns ({id: row dict}, [errors and skip counts]).
 
     tokenizer: the instance already loaded from tokenizer_path (AutoTokenizer.from_pretrained, as
@@ -441,7 +445,8 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None):
             return tokenizer
         return real_load(path, *args, **kwargs)
 
-    options = {"max_skipped_pct": 100.0, "allow_mixed_settings": True, "log": lambda *a, **k: None}
+    options = {"max_skipped_pct": 100.0, "allow_mixed_settings": True, "log": lambda *a, **k: None,
+               "reasoning_tags": reasoning_tags}
     extra = {k: v for k, v in options.items() if k in accepted}
     groups = {}
     for rec in records:
