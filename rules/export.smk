@@ -1,4 +1,5 @@
 # Exports for draft-model trainers (not part of `all`): `snakemake --cores 1 export`.
+# pretokenized.jsonl: SpecForge `data.prompts_path`, `speculators prepare-data --data`.
 
 
 rule export_dataset:
@@ -7,6 +8,7 @@ rule export_dataset:
         tokenized="results/{dataset}/tokenized.arrow",
     output:
         specforge="results/{dataset}/export/specforge.jsonl",
+        pretokenized="results/{dataset}/export/pretokenized.jsonl",
         hf_dataset=directory("results/{dataset}/export/hf_dataset"),
     log:
         "logs/export/{dataset}.log",

@@ -3,15 +3,32 @@
 - SpecForge (sgl-project/SpecForge): JSON Lines of {"id", "conversations": [{"role", "content"}]},
   which its data pipeline tokenizes with its own chat template. The generated turn keeps its
   `reasoning_content` beside `content`, for templates that render it.
-- Pre-tokenized (speculators and any HF-datasets trainer): `datasets.Dataset.save_to_disk` of
+- Pre-tokenized JSON Lines, one `{"id", "input_ids", "loss_mask"}` object per line (plain JSON
+  integers, `loss_mask` 0/1): the rows exactly as tokenized.arrow holds them. Both trainers read this
+  with their own data preparation and pass the rows through untouched (no chat template, no
+  re-tokenization):
+  * SpecForge 0.2.0: `data.prompts_path` (or `data.train_data_path`) of an online run;
+    `specforge.data.prompt_builder.prepare_prompt_tasks` sees `input_ids` + `loss_mask` in the first
+    record and takes every line as a pre-tokenized prompt task (truncated to `data.max_length`,
+    rows with fewer supervised tokens than the algorithm's minimum dropped).
+  * speculators 0.9.0: `speculators prepare-data --data FILE.jsonl` (the function
+    `speculators.data_generation.preprocessing.load_and_preprocess_dataset`), whose
+    `load_raw_dataset` reads a `.jsonl` path with `datasets.load_dataset("json")` and whose
+    `_passthrough_pretokenized` keeps the rows as "speculator-format" rows (clipped to
+    `--seq-length`, rows with no supervised token dropped, order shuffled by `--seed`).
+  Neither reads an Arrow stream or a `save_to_disk` folder (speculators globs a folder for
+  `*.json`/`*.jsonl`, which in a save_to_disk folder are its metadata files).
+- Pre-tokenized for other HF-datasets trainers: `datasets.Dataset.save_to_disk` of
   tokenized.arrow, columns id, input_ids, loss_mask (as budgetgen wrote them) plus attention_mask;
   `datasets.load_from_disk(folder)` reads it back.
-Both appear atomically (written under a temporary name, then renamed).
+All appear atomically (written under a temporary name, then renamed).
 """
 
 import json
 import os
 import shutil
+
+import numpy as np
 
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
@@ -53,3 +70,51 @@ def to_hf_dataset(tokenized_path, out_dir):
     shutil.rmtree(out_dir, ignore_errors=True)  # a previous export: replaced whole
     os.replace(tmp, out_dir)
     return ds.num_rows
+
+
+PRETOKENIZED_FIELDS = ("id", "input_ids", "loss_mask")
+
+
+def to_pretokenized_jsonl(tokenized_path, out_path):
+    """tokenized.arrow -> pre-tokenized JSON Lines (`id`, `input_ids`, `loss_mask`); returns the row
+    count. Streams one record batch at a time (memory: one batch, never the dataset), writes under a
+    temporary name and renames it into place when whole."""
+    import pyarrow as pa
+
+    tokenized_path = os.fspath(tokenized_path)
+    if not os.path.isfile(tokenized_path):
+        raise UserError(f"{tokenized_path}: no such file")
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    n = 0
+    with pa.memory_map(tokenized_path, "r") as source, atomic_output(out_path, "w") as out:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid as exc:
+            raise UserError(f"{tokenized_path}: not an Arrow IPC stream ({exc})") from None
+        missing = [f for f in PRETOKENIZED_FIELDS if f not in reader.schema.names]
+        if missing:
+            raise UserError(f"{tokenized_path}: not a budgetgen tokenized file (no column {', '.join(missing)})")
+        for batch in reader:
+            ids = batch.column("id").to_pylist()
+            tok_off, tok_val = _list_parts(batch.column("input_ids"), tokenized_path)
+            mask_off, mask_val = _list_parts(batch.column("loss_mask"), tokenized_path)
+            lines = []
+            for i, row_id in enumerate(ids):
+                input_ids = tok_val[tok_off[i]:tok_off[i + 1]].tolist()
+                loss_mask = mask_val[mask_off[i]:mask_off[i + 1]].tolist()
+                if len(input_ids) != len(loss_mask):
+                    raise UserError(f"{tokenized_path}: row {n + i} (id {row_id!r}): {len(input_ids)} input_ids "
+                                    f"but {len(loss_mask)} loss_mask values")
+                lines.append(dumps({"id": row_id, "input_ids": input_ids, "loss_mask": loss_mask}))
+            if lines:
+                out.write("\n".join(lines) + "\n")
+            n += len(ids)
+    return n
+
+
+def _list_parts(col, where):
+    """(offsets, values) numpy views of a list column, values widened to int64 so `tolist()` gives
+    plain Python ints (JSON integers). Offsets index into values as stored, so a sliced array works."""
+    if col.null_count:
+        raise UserError(f"{where}: a row has a null token list")
+    return col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
