@@ -397,7 +397,12 @@ class InferenceJob:
         met = st.tokens >= s.budget
         exhausted = not self.queue and not self.inflight and not self.deferred
         self.log(self.progress_line())
-        if st.records == 0 and not met:
+        if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
+            if st.records:
+                self.flush_errors()
+            self.log(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
+            return 1
+        if exhausted and not met and st.records == 0:
             # errors alone never make a dataset "exhausted": without one response there is no proof
             # that the prompts, not the server or the settings, are at fault (nothing is recorded)
             first = self.pending_errors[0] if self.pending_errors else None
@@ -405,9 +410,6 @@ class InferenceJob:
             raise UserError(f"no response from the server for any prompt: {self.errors} failed permanently "
                             f"in this run{why}; nothing recorded; fix the server or settings and rerun")
         self.flush_errors()
-        if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
-            self.log(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
-            return 1
         state = "met" if met else ("exhausted" if exhausted else "partial")
         self.log(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses, budget {s.budget} "
                  f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {self.discarded_tokens} tokens, "
