@@ -9,9 +9,9 @@ from snakemake.exceptions import WorkflowError
 
 SCRIPTS = os.path.join(workflow.basedir, "scripts")
 sys.path.insert(0, SCRIPTS)
+from budgetgen import state  # noqa: E402  (the one definition of a dataset's state)
 from budgetgen.journal import scan as scan_journal  # noqa: E402
 from budgetgen.params import params_sha256, request_params  # noqa: E402
-from budgetgen.status import budget_state, exhausted_under  # noqa: E402  (met/exhausted)
 from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -134,10 +134,9 @@ check_config()
 def tokenizer_problem(name):
     """Why tokenizer.path cannot be loaded (as tokenization.load_tokenizer decides), or None: a
     folder, or a hub name (org/model) already in the local Hugging Face cache."""
-    looks_local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)
     if os.path.isdir(name):
         return None
-    if looks_local:
+    if state.looks_local(name):
         return f"config key tokenizer.path: no such folder: {name}"
     from huggingface_hub import try_to_load_from_cache
 
@@ -157,90 +156,41 @@ def check_tokenizer_before_jobs():
             raise WorkflowError(problem)
 
 
-def read_status(dataset):
-    """The last budget status written by the checkpoint, or None."""
-    try:
-        with open(status_path(dataset)) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def dataset_state(dataset, status):
-    """fresh / partial / met / exhausted, against the budget in the config NOW."""
-    if os.path.exists(done_path(dataset)):
-        with open(done_path(dataset)) as f:
-            done = json.load(f)
-        return (
-            budget_state(done.get("tokens", 0), token_budget(dataset), done.get("state") == "exhausted"),
-            done,
-        )
-    if status is None:
-        return ("partial" if os.path.exists(journal_path(dataset)) else "fresh"), {}
-    exhausted = exhausted_under(status, current_params_sha(dataset)) and not prompts_changed_since(
-        dataset, status_path(dataset)
+def dataset_files(dataset):
+    return state.DatasetFiles(
+        journal=journal_path(dataset),
+        done=done_path(dataset),
+        status=status_path(dataset),
+        prompts=prompts_path(dataset),
     )
-    state = budget_state(status["tokens"], token_budget(dataset), exhausted)
-    if state == "partial" and not status["tokens"] and not os.path.exists(journal_path(dataset)):
-        state = "fresh"
-    return state, status
-
-
-def prompts_changed_since(dataset, path):
-    prompts = prompts_path(dataset)
-    if not os.path.exists(prompts):  # an imported prompts file removed: it will be imported again
-        return True
-    return os.path.getmtime(prompts) > os.path.getmtime(path)
 
 
 def raw_responses_input(wildcards):
-    """Budget met or prompts exhausted per the checkpoint: finalize straight from the journal,
-    with no inference job. Otherwise (or when a finished run left its marker) go through it."""
+    """Finalize straight from the journal when the checkpoint says met or exhausted (no inference
+    job); otherwise through the inference job's done marker (see budgetgen.state)."""
     ds = wildcards.dataset
     if os.path.exists(done_path(ds)) or not os.path.exists(journal_path(ds)):
-        # No journal yet: certainly not met, and no need to wait for the checkpoint, so a
-        # dry-run on a fresh tree already lists the inference job.
+        # no need to wait for the checkpoint: a dry-run on a fresh tree already lists inference
         return [done_path(ds)]
-    with open(checkpoints.budget_status.get(dataset=ds).output[0]) as f:
-        status = json.load(f)
-    state, _ = dataset_state(ds, status)
-    if state in ("met", "exhausted"):
+    status = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
+    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), current_params_sha(ds), status):
         return [journal_path(ds)]
     return [done_path(ds)]
 
 
+def journal_counts(path):
+    found = scan_journal(path)
+    return found.tokens, found.records
+
+
 def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
-    if not workflow.is_main_process:
-        return
-    rows, read_now = [], []
-    for ds in DATASETS:
-        state, info = dataset_state(ds, read_status(ds))
-        journal = journal_path(ds)
-        if not os.path.exists(done_path(ds)) and os.path.exists(journal):
-            if os.path.getsize(journal) != info.get("journal_bytes"):
-                # the status is older than the journal (a run since, perhaps killed): count it now
-                now = scan_journal(journal)
-                info = {**info, "tokens": now.tokens, "responses": now.records}
-                read_now.append(ds)
-                if state in ("fresh", "partial", "met") and now.tokens >= token_budget(ds):
-                    state = "met (journal; not finalized)"
-        tokens = int(info.get("tokens", 0))
-        budget = token_budget(ds)
-        rows.append((ds, tokens, budget, max(0, budget - tokens), info.get("responses", 0), state))
-    width = max(len("dataset"), *(len(r[0]) for r in rows))
-    lines = [
-        f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"
-    ]
-    for ds, tokens, budget, left, responses, state in rows:
-        lines.append(
-            f"budgetgen: {ds:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}"
-        )
-    lines.append(
-        "budgetgen: (token counts as of the last finished job, or read from the journal now where a "
-        "later run wrote to it: " + (", ".join(read_now) or "none") + ")"
-    )
-    print("\n".join(lines), file=sys.stderr)
+    if workflow.is_main_process:
+        rows = [
+            state.status_row(ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts)
+            for ds in DATASETS
+        ]
+        print(state.format_status_table(rows), file=sys.stderr)
 
 
 print_status_table()

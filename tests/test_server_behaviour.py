@@ -231,7 +231,7 @@ def test_a_permanent_error_holds_only_under_the_settings_that_produced_it(tmp_pa
 
 
 def test_status_exhausted_only_under_the_parameters_of_its_errors():
-    from budgetgen.status import exhausted_under
+    from budgetgen.state import exhausted_under
 
     status = {"remaining_prompts": 4, "errored_by_params": {"a": 4, "b": 1}}
     assert exhausted_under(status, "a") and not exhausted_under(status, "b") and not exhausted_under(status, "c")

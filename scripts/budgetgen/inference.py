@@ -24,6 +24,7 @@ from .errors import UserError
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
 from .params import params_sha256, request_params
+from .state import prompts_left
 
 EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -171,6 +172,7 @@ class InferenceJob:
                 if i not in self.state.ids and i not in self.errored]
         self.queue = deque(by_id[i] for i in todo)
         self.total_prompts = len(by_id)
+        self.prompt_ids = set(by_id)
         self.model = LengthModel(s.max_tokens, self.state.lengths)
         self.policy = DispatchPolicy(s.budget, self.model)
 
@@ -395,7 +397,7 @@ class InferenceJob:
     def finish(self):
         s, st = self.s, self.state
         met = st.tokens >= s.budget
-        exhausted = not self.queue and not self.inflight and not self.deferred
+        exhausted = not self.deferred and prompts_left(self.prompt_ids, st.ids, self.errored) == 0
         self.log(self.progress_line())
         if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
             if st.records:

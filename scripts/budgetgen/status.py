@@ -1,4 +1,5 @@
-"""Budget status of one dataset: what the journal holds against what the prompts offer."""
+"""Budget status of one dataset (the checkpoint's output): what the journal holds against what the
+prompts offer. What the status means for the dataset's state is budgetgen.state's to decide."""
 
 import os
 import time
@@ -9,7 +10,7 @@ from .params import params_sha256
 
 def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line="error"):
     """remaining_prompts: prompts not journaled; errored_by_params: how many of those failed
-    permanently, per request-parameter hash (exhausted_under decides against the current ones);
+    permanently, per request-parameter hash (state.exhausted_under decides against the current ones);
     exhausted: no prompt left even counting every recorded error (a display hint only)."""
     state = journal.scan(journal_path)
     by_params = errors_by_params(errors_path)
@@ -30,13 +31,6 @@ def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line
     }
 
 
-def budget_state(tokens, budget, exhausted):
-    """met (tokens >= budget), exhausted (no prompt left, budget not met), or partial."""
-    if tokens >= budget:
-        return "met"
-    return "exhausted" if exhausted else "partial"
-
-
 def errors_by_params(errors_path):
     """{params_sha256: ids} of the permanent errors in errors.jsonl, every record read (one id may have
     failed under several settings). An error holds only under the parameters that produced it."""
@@ -50,14 +44,3 @@ def errors_by_params(errors_path):
             rid, _, rec = journal.parse_line(line, f"{errors_path}:{lineno}")
             found.setdefault(params_sha256(rec.get("params")), set()).add(rid)
     return found
-
-
-def exhausted_under(status, params_sha):
-    """Whether no prompt is left to ask under the request parameters `params_sha`: every prompt is
-    journaled or failed permanently under exactly those parameters (errors under other settings
-    make their prompts eligible again)."""
-    remaining = int(status.get("remaining_prompts", 0))
-    errored = status.get("errored_by_params")
-    if errored is None:  # written before errors were tied to settings: trust its own verdict
-        return bool(status.get("exhausted"))
-    return remaining - int(errored.get(params_sha, 0)) <= 0

@@ -3,7 +3,7 @@
 import os
 
 from . import formats, journal
-from .status import budget_state
+from .state import budget_state, prompts_left
 
 COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
            "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows"]
@@ -22,12 +22,14 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
         lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
         cut += rec.get("finish_reason") == "length"
         answered.add(str(rec["id"]))
-    n_prompts = len(formats.load_prompts(prompts_path, on_bad_line="skip").prompts)
+    prompt_ids = {p.id for p in formats.load_prompts(prompts_path, on_bad_line="skip").prompts}
+    n_prompts = len(prompt_ids)
+    errored = journal.scan(errors_path).ids
     # prompts that failed permanently and were not answered later (under other settings)
-    errors = len(journal.scan(errors_path).ids - answered)
+    errors = len(errored - answered)
     tokens = sum(lengths)
     lengths.sort()
-    status = budget_state(tokens, budget, exhausted=len(lengths) + errors >= n_prompts)
+    status = budget_state(tokens, budget, exhausted=prompts_left(prompt_ids, answered, errored) == 0)
     rows = ""
     if tokenized_path and os.path.exists(tokenized_path):
         import pyarrow as pa

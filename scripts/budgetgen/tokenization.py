@@ -37,6 +37,7 @@ from collections import Counter
 
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
+from budgetgen.state import looks_local
 
 # Skip reasons (counted, never written).
 NO_SUPERVISED_TOKENS = "no_supervised_tokens"
@@ -84,8 +85,7 @@ def load_tokenizer(path, trust_remote_code=False):
     """AutoTokenizer.from_pretrained(path): fast (tokenizers) or slow (Python, e.g. Kimi-K2's TikToken
     tokenizer, which needs trust_remote_code for the module its auto_map names), with a chat template."""
     name = os.fspath(path)
-    looks_local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)
-    if looks_local and not os.path.isdir(name):
+    if looks_local(name) and not os.path.isdir(name):
         raise UserError(f"tokenizer {name}: no such folder")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     from transformers import AutoTokenizer
