@@ -37,8 +37,8 @@ from pathlib import Path
 
 import common
 
-from budgetgen import formats
 from budgetgen.client import ChatClient
+from budgetgen.prompts import dispatch_order, load_prompts
 
 PROD = {"budget": 10_000_000, "mean": 3500, "max_tokens": 10240, "concurrency": 150}
 MODEL = "mock-model"
@@ -187,10 +187,10 @@ def main(argv=None):
         prompts = work / "prompts.jsonl"
         n_prompts = 3 * round(PROD["budget"] / PROD["mean"])
         write_prompts(prompts, n_prompts)
-        pset = formats.load_prompts(str(prompts))
+        pset = load_prompts(str(prompts))
         by_id = {p.id: p for p in pset.prompts}
         for seed in range(1, seeds + 1):
-            order = [[dict(m) for m in by_id[i].messages] for i in formats.dispatch_order(by_id, seed)]
+            order = [[dict(m) for m in by_id[i].messages] for i in dispatch_order(by_id, seed)]
             for policy, n in runs:
                 r = one_run(policy, seed, n, work, prompts, order, sh, args)
                 per[policy, n].append(r)

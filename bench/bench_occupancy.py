@@ -64,7 +64,7 @@ def write_prompts(path, name, n):
 
 
 def build_tokenizer(out):
-    from budgetgen.tiny_tokenizer import build_tokenizer as build
+    from budgetgen_testkit.tiny_tokenizer import build_tokenizer as build
 
     build(out, ["benchmark prompt explain topic short mid long " * 50], vocab_size=256)
     return out

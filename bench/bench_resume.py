@@ -36,7 +36,7 @@ METHODS = ("budgetgen", "json.loads")
 
 def generate(path, n, record_bytes=4000, seed=0):
     """n journal records of about record_bytes each, through journal.encode_record."""
-    from budgetgen.mock_server import VOCAB
+    from budgetgen_testkit.mock_server import VOCAB
 
     rng = random.Random(seed)
     words = list(VOCAB) + ["café", "naïve", "Zürich", "東京", "привет", "λ", "→", "\\", '"quoted"', "\t"]

@@ -3,7 +3,7 @@
 
 Generated conversations (optional system turn, a user turn, a generated assistant turn with reasoning
 in half of them; a few hundred tokens each) in a raw_responses.jsonl, and a local byte-level BPE
-tokenizer with a ChatML template (budgetgen.tiny_tokenizer, 4096 tokens, trained on the same kind of
+tokenizer with a ChatML template (budgetgen_testkit.tiny_tokenizer, 4096 tokens, trained on the same kind of
 text). On 1 core and on 2 cores (each in its own process, pinned with sched_setaffinity):
 
   budgetgen      tokenization.tokenize_file on the JSONL (1 core: processes=1; 2 cores: processes=2,
@@ -47,7 +47,7 @@ WORDS = None  # filled from the mock server's vocabulary plus some code-ish word
 def words():
     global WORDS
     if WORDS is None:
-        from budgetgen.mock_server import VOCAB
+        from budgetgen_testkit.mock_server import VOCAB
 
         WORDS = list(VOCAB) + ["function", "return", "value", "list", "python", "model", "token", "error",
                                "result", "data", "x", "y", "i", "n", "42", "0", "1", "2025", "()", "=", "+",
@@ -233,7 +233,7 @@ def main():
         work = Path(tmp)
         data = work / "raw_responses.jsonl"
         generate(data, n)
-        from budgetgen.tiny_tokenizer import build_tokenizer
+        from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 
         rng = random.Random(1)
         build_tokenizer(work / "tokenizer", [text(rng, 300) for _ in range(400)], vocab_size=4096)

@@ -14,7 +14,7 @@ REPO = BENCH.parent
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(REPO / "scripts"))
 
-from budgetgen import mock_server  # noqa: E402
+from budgetgen_testkit import mock_server  # noqa: E402
 
 
 def median(values):
@@ -29,7 +29,7 @@ def timed(fn, *args, **kwargs):
 
 
 def start_server(args, workdir):
-    """A mock OpenAI-compatible server on 127.0.0.1 (budgetgen.mock_server); returns (proc, base_url)."""
+    """A mock OpenAI-compatible server on 127.0.0.1 (budgetgen_testkit.mock_server); returns (proc, base_url)."""
     return mock_server.spawn([str(a) for a in args], workdir)
 
 

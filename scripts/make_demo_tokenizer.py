@@ -17,7 +17,7 @@ from budgetgen.errors import UserError, run_main
 
 
 def parse_args(argv):
-    from budgetgen.tiny_tokenizer import TEMPLATES
+    from budgetgen_testkit.tiny_tokenizer import TEMPLATES
 
     ap = argparse.ArgumentParser(
         description="Train a tiny byte-level BPE tokenizer with a chat template (offline, deterministic).")
@@ -57,7 +57,7 @@ def main(argv=None):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"{out_dir}: exists and is not a folder")
     texts = read_corpus(args.corpus)
-    from budgetgen.tiny_tokenizer import build_tokenizer
+    from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Entry point: python scripts/mock_server.py [options]  (see budgetgen/mock_server.py, --help)."""
+"""Entry point: python scripts/mock_server.py [options]  (see budgetgen_testkit/mock_server.py, --help)."""
 
 from budgetgen.errors import run_main
-from budgetgen.mock_server import main
+from budgetgen_testkit.mock_server import main
 
 if __name__ == "__main__":
     run_main(main)

@@ -15,7 +15,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from budgetgen import mock_server  # noqa: E402
+from budgetgen_testkit import mock_server  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
@@ -53,7 +53,7 @@ def server_stats(proc):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
-    from budgetgen.tiny_tokenizer import build_tokenizer
+    from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer") / "chatml"
     build_tokenizer(out, [CORPUS], vocab_size=512)

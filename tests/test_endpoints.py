@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from budgetgen import mock_server
+from budgetgen_testkit import mock_server
 from conftest import REPO, Workflow, base_config, server_stats, write_prompts
 
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]

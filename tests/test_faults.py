@@ -147,7 +147,7 @@ def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when
     assert len({json.loads(x)["id"] for x in before}) == len(before)
     assert not wf.path("results", "F", "inference.done").exists()
     # the server comes back (a new one on the same port): the next run resumes and completes
-    from budgetgen import mock_server
+    from budgetgen_testkit import mock_server
 
     mock_server.stop(srv)
     back = server("--mean-tokens", "20", "--port", str(srv.port))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from budgetgen.errors import UserError
-from budgetgen.formats import (
+from budgetgen.prompts import (
     Prompt,
     PromptSet,
     dispatch_order,

@@ -62,10 +62,10 @@ def test_dispatch_order_is_seeded_not_file_order(tmp_path, server):
     got = [r["messages"][0]["content"] for r in journal(tmp_path)]
     first = [f"q question number {i}: explain topic {i * 7 % 13}" for i in range(len(got))]
     assert got != first  # not the file's first lines
-    from budgetgen import formats
+    from budgetgen import prompts
 
-    ps = formats.load_prompts(tmp_path / "prompts.jsonl")
-    order = formats.dispatch_order([x.id for x in ps.prompts], 0)
+    ps = prompts.load_prompts(tmp_path / "prompts.jsonl")
+    order = prompts.dispatch_order([x.id for x in ps.prompts], 0)
     assert [r["id"] for r in journal(tmp_path)] == order[: len(got)]
 
 

@@ -1,4 +1,4 @@
-"""budgetgen.mock_server, run as a real subprocess and driven with httpx."""
+"""budgetgen_testkit.mock_server, run as a real subprocess and driven with httpx."""
 
 import asyncio
 import json
@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from budgetgen import mock_server
-from budgetgen.mock_server import VOCAB, spawn, stop
+from budgetgen_testkit import mock_server
+from budgetgen_testkit.mock_server import VOCAB, spawn, stop
 
 MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something nice please"}]
 PROMPT_TOKENS = 3 + 4 + 4 + 4  # words + 4 per message

@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 
-from budgetgen import mock_server, plots
-from budgetgen.tiny_tokenizer import build_tokenizer
+from budgetgen import plots
+from budgetgen_testkit import mock_server
+from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 from conftest import CORPUS, Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow

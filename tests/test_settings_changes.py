@@ -37,7 +37,7 @@ def test_changed_settings_then_an_interrupted_run_never_leave_a_finished_looking
     """Item 1 (and 12, 13): the interrupted job's new params are recorded by Snakemake; the old done
     marker must not satisfy the DAG. The next `-n` plans inference and shows the journal's count, the
     next run completes the dataset under the new settings, and the log keeps every run's lines."""
-    from budgetgen import mock_server
+    from budgetgen_testkit import mock_server
 
     srv = server("--mean-tokens", "20", "--tokens-per-s", "100")
     wd = tmp_path / "work"

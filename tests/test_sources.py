@@ -6,7 +6,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from budgetgen.errors import UserError
-from budgetgen.formats import load_prompts
+from budgetgen.prompts import load_prompts
 from budgetgen.sources import import_prompts, map_row
 from conftest import Workflow, base_config, planned_jobs
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from budgetgen.tiny_tokenizer import END_OF_TURN, TEMPLATES, build_tokenizer
+from budgetgen_testkit.tiny_tokenizer import END_OF_TURN, TEMPLATES, build_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "make_demo_tokenizer.py")

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 
 from budgetgen.errors import UserError
-from budgetgen.tiny_tokenizer import TEMPLATES, build_tokenizer
 from budgetgen.tokenization import (
     NO_SUPERVISED_TOKENS,
     REASONING_DELIMITERS_UNKNOWN,
@@ -24,6 +23,7 @@ from budgetgen.tokenization import (
     load_tokenizer,
     tokenize_file,
 )
+from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "tokenize_responses.py")

@@ -1,18 +1,26 @@
 """budgetgen: budgeted response generation for speculative-decoding draft training data.
 
 One module per concern:
-  errors      UserError, the one-line error every entry point prints
-  fsutil      atomic writes
-  formats     prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids
-  journal     the append-only response journal: scan, torn-tail repair, lock, append
-  budget      completed-length model and the dispatch rule that stops at the token budget
-  client      async httpx OpenAI chat client: streaming, retry classes, health check
-  inference   the dispatch loop tying prompts, budget, client and journal together
-  status      budget status of a dataset (the checkpoint's content)
-  tokenization chat-template rendering, loss masks, Arrow output
-  summary     results/summary.tsv
-  plots       the report's figures of one dataset (data functions + matplotlib drawing)
-  mock_server a stdlib OpenAI-compatible server for the demo, tests and benchmarks
+  errors       UserError, the one-line error every entry point prints
+  fsutil       atomic writes
+  configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors)
+  params       the request parameters that affect content, as journaled with every record
+  prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
+  sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
+  journal      the append-only response journal and errors.jsonl: scan, torn-tail repair, lock, append
+  budget       completed-length model and the dispatch rule that stops at the token budget
+  client       async httpx OpenAI chat client: streaming, retry classes, health check
+  launch       a server started by the inference job itself (server.launch): start, wait, stop
+  inference    the dispatch loop tying prompts, budget, client and journal together
+  status       budget status of a dataset (the checkpoint's content)
+  state        a dataset's state (fresh, partial, met, exhausted), defined once
+  tokenization chat-template rendering, prompt + completion ids, loss masks, Arrow output
+  export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
+  summary      results/summary.tsv
+  plots        the report's figures of one dataset (data functions + matplotlib drawing)
+
+Test tooling (the mock server, the tiny tokenizer) is the separate package budgetgen_testkit, which
+depends on this one, never the reverse.
 """
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """The inference job of one dataset: prompts -> journal, until the token budget is met.
 
 Order of events:
-  1. load and normalise the prompts (formats), lock the journal, repair a torn tail, scan it;
+  1. load and normalise the prompts (budgetgen.prompts), lock the journal, repair a torn tail, scan it;
   2. if the journal already meets the budget (or no prompt is left), finish at once;
   3. check the server (one-line error naming the URL);
   4. dispatch prompts in the seeded order, at most `concurrency` in flight, while the budget rule
@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import formats, journal, status
+from . import journal, prompts, status
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
@@ -134,7 +134,7 @@ class InferenceJob:
     # -- state ---------------------------------------------------------------------------
     def load(self):
         s = self.s
-        pset = formats.load_prompts(s.prompts, on_bad_line=s.on_bad_line)
+        pset = prompts.load_prompts(s.prompts, on_bad_line=s.on_bad_line)
         self.log(f"Prompts: {len(pset.prompts)} unique in {s.prompts} ({pset.duplicates} duplicates dropped, "
                  f"{len(pset.skipped)} bad lines skipped)")
         for line, reason in pset.skipped[:20]:
@@ -168,7 +168,7 @@ class InferenceJob:
                  + (f", {len(elsewhere)} failed earlier under other settings (asked again)" if elsewhere else ""))
         self.log(f"remaining budget: {max(0, s.budget - self.state.tokens)} of {s.budget} tokens")
         by_id = {p.id: p for p in pset.prompts}
-        todo = [i for i in formats.dispatch_order(by_id, s.seed)
+        todo = [i for i in prompts.dispatch_order(by_id, s.seed)
                 if i not in self.state.ids and i not in self.errored]
         self.queue = deque(by_id[i] for i in todo)
         self.total_prompts = len(by_id)

@@ -1,14 +1,14 @@
 """Prompt sets from Hugging Face `datasets` sources (Parquet, Arrow, JSON Lines, CSV, save_to_disk
 folders), converted once into a prompts.jsonl the rest of the workflow reads.
 
-A column mapping renames source columns to the fields budgetgen reads (see budgetgen.formats):
+A column mapping renames source columns to the fields budgetgen reads (see budgetgen.prompts):
 `{"messages": "conversation", "id": "uid"}` reads the chat from column "conversation" and the id from
 "uid". Columns not named in the mapping keep their names; when the mapping names one prompt field
 (messages, conversations, prompt, instruction), the other prompt fields are dropped, so an unmapped
 column that happens to be called "messages" cannot win over the one the user chose.
 
 Text: Arrow strings are UTF-8, so a row cannot hold the lone surrogates a prompts.jsonl line can
-(budgetgen.formats); a JSON Lines source with such an escape fails to load, naming the parser's
+(budgetgen.prompts); a JSON Lines source with such an escape fails to load, naming the parser's
 reason. A Parquet or Arrow file written by other tools may still hold bytes that are not UTF-8
 in a string column: that row stops the import, naming its row and column, under either
 on_bad_line (it cannot be carried into prompts.jsonl to be skipped there).
@@ -17,7 +17,7 @@ on_bad_line (it cannot be carried into prompts.jsonl to be skipped there).
 import json
 import os
 
-from budgetgen import formats
+from budgetgen import prompts
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
 
@@ -120,8 +120,8 @@ def map_row(row, columns):
     out = dict(row)
     for name in columns.values():
         out.pop(name, None)
-    if any(f in columns for f in formats.PROMPT_FIELDS):
-        for f in formats.PROMPT_FIELDS:
+    if any(f in columns for f in prompts.PROMPT_FIELDS):
+        for f in prompts.PROMPT_FIELDS:
             if f not in columns:
                 out.pop(f, None)
     for field, name in columns.items():
@@ -142,7 +142,7 @@ def import_prompts(source, output, fmt=None, split="train", columns=None, valida
         for n, row in enumerate(_rows(ds, source), 1):
             record = map_row(row, columns)
             if validate:
-                formats.normalise_record(record, f"{source}: row {n}")
+                prompts.normalise_record(record, f"{source}: row {n}")
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
     if not n:
         raise UserError(f"{source}: the dataset has no rows")

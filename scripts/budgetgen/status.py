@@ -4,7 +4,7 @@ prompts offer. What the status means for the dataset's state is budgetgen.state'
 import os
 import time
 
-from . import formats, journal
+from . import journal, prompts
 from .params import params_sha256
 
 
@@ -14,7 +14,7 @@ def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line
     exhausted: no prompt left even counting every recorded error (a display hint only)."""
     state = journal.scan(journal_path)
     by_params = errors_by_params(errors_path)
-    prompt_ids = {p.id for p in formats.load_prompts(prompts_path, on_bad_line=on_bad_line).prompts}
+    prompt_ids = {p.id for p in prompts.load_prompts(prompts_path, on_bad_line=on_bad_line).prompts}
     unanswered = prompt_ids - state.ids
     errored = {sha: len(ids & unanswered) for sha, ids in by_params.items()}
     return {

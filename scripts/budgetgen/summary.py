@@ -2,7 +2,7 @@
 
 import os
 
-from . import formats, journal
+from . import journal, prompts
 from .state import budget_state, prompts_left
 
 COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
@@ -22,7 +22,7 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
         lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
         cut += rec.get("finish_reason") == "length"
         answered.add(str(rec["id"]))
-    prompt_ids = {p.id for p in formats.load_prompts(prompts_path, on_bad_line="skip").prompts}
+    prompt_ids = {p.id for p in prompts.load_prompts(prompts_path, on_bad_line="skip").prompts}
     n_prompts = len(prompt_ids)
     errored = journal.scan(errors_path).ids
     # prompts that failed permanently and were not answered later (under other settings)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from budgetgen.tiny_tokenizer import build_tokenizer  # noqa: E402
+from budgetgen_testkit.tiny_tokenizer import build_tokenizer  # noqa: E402
 
 REASONING = "The answer is 42."
 CONTENT = "Hello world!"

@@ -132,9 +132,9 @@ def exports(tmp_path_factory, tiny_tokenizer):
     """[(name, tokenized.arrow, pretokenized.jsonl)]: a workflow export and a synthetic one."""
     import pyarrow as pa
 
-    from budgetgen import mock_server
     from budgetgen.export import to_pretokenized_jsonl
     from budgetgen.tokenization import _schema
+    from budgetgen_testkit import mock_server
 
     root = tmp_path_factory.mktemp("interop")
     proc, base_url = mock_server.spawn(["--mean-tokens", "30", "--length-dist", "lognormal", "--reasoning-share",

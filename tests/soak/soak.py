@@ -46,7 +46,7 @@ for _p in (str(TESTS), str(TESTS.parent / "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from budgetgen import mock_server  # noqa: E402
+from budgetgen_testkit import mock_server  # noqa: E402
 from conftest import CORPUS, Workflow, base_config, write_prompts  # noqa: E402
 
 DATASETS = {"A": 24, "B": 16, "C": 16}
@@ -246,7 +246,7 @@ class Soak:
         self.concurrency = concurrency
         self.log = log
         self.targets = [f"results/{ds}/tokenized.arrow" for ds in DATASETS]
-        from budgetgen.tiny_tokenizer import build_tokenizer
+        from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 
         self.tokenizer = self.root / "tokenizer"
         if not (self.tokenizer / "tokenizer.json").exists():

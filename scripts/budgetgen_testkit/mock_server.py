@@ -72,7 +72,7 @@ MIN_SLEEP_S = 0.010  # rate limiting sleeps at least this long and emits the tok
 BATCH_TOKENS = 64  # with no rate limit, SSE events per write
 MAX_HEADER = 64 * 1024
 MAX_BODY = 64 * 1024 * 1024
-ENTRY = Path(__file__).resolve().parent.parent / "mock_server.py"
+ENTRY = Path(__file__).resolve().parent.parent / "mock_server.py"  # scripts/mock_server.py, its command line
 
 
 class Disconnected(Exception):
@@ -471,7 +471,7 @@ class MockServer:
         model produced exactly this text: the generation prompt rendered with the request's
         chat_template_kwargs, then the raw output (reasoning in the template's delimiters, the
         end-of-turn token unless cut at max_tokens); budgetgen.tokenization builds the same row."""
-        from .tokenization import encode_batch
+        from budgetgen.tokenization import encode_batch
 
         if self.tokenizer is None:
             from transformers import AutoTokenizer
