@@ -1,35 +1,32 @@
-"""Shared fixtures: a real mock server on loopback, a tiny local tokenizer, and a runner for real
-`snakemake` invocations in a temporary working directory (the workflow from elsewhere, -s/-d)."""
+"""Fixtures every test group shares. Helpers are in tests/support (imported as `support`); pytest's
+`pythonpath` (pyproject.toml) puts scripts/ and tests/ on sys.path."""
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-from budgetgen_testkit import mock_server  # noqa: E402
+from support import CORPUS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_UPDATE_CHECK", "1")
 
-CORPUS = (
-    "Explain binary search with an example in Python. Write a Rust function that demonstrates hash maps. "
-    "What are common mistakes with TCP handshakes? Compare two approaches to garbage collection in Go. "
-    "How would you test code that uses regular expressions? Summarise the following note. "
-) * 20
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    """A tiny local ChatML tokenizer folder (budgetgen_testkit.tiny_tokenizer), trained once a session."""
+    from budgetgen_testkit.tiny_tokenizer import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer") / "chatml"
+    build_tokenizer(out, [CORPUS], vocab_size=512)
+    return out
 
 
 @pytest.fixture
 def server(tmp_path):
-    """Factory: server(*args) starts a mock server subprocess; all are stopped at teardown."""
+    """Factory: server(*args) starts a mock server subprocess (budgetgen_testkit.mock_server) on
+    127.0.0.1 and returns its Popen with .base_url; all are stopped at teardown."""
+    from budgetgen_testkit import mock_server
+
     procs = []
 
     def start(*args, env=None):
@@ -43,134 +40,3 @@ def server(tmp_path):
     yield start
     for proc in procs:
         mock_server.stop(proc)
-
-
-def server_stats(proc):
-    import httpx
-
-    return httpx.get(proc.base_url.rsplit("/v1", 1)[0] + "/stats", timeout=5).json()
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer(tmp_path_factory):
-    from budgetgen_testkit.tiny_tokenizer import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tokenizer") / "chatml"
-    build_tokenizer(out, [CORPUS], vocab_size=512)
-    return out
-
-
-def write_prompts(path, n, prefix="q", fmt="prompt"):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for i in range(n):
-            text = f"{prefix} question number {i}: explain topic {i * 7 % 13}"
-            rec = {"prompt": text} if fmt == "prompt" else {"messages": [{"role": "user", "content": text}]}
-            f.write(json.dumps(rec) + "\n")
-    return path
-
-
-class Workflow:
-    """A working directory with a config, and real snakemake runs of the repo's Snakefile in it."""
-
-    def __init__(self, workdir, config):
-        self.dir = Path(workdir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.config = config
-        self.write_config()
-
-    def write_config(self):
-        with open(self.dir / "config.yaml", "w") as f:
-            yaml.safe_dump(self.config, f, sort_keys=False)
-
-    def cmd(self, *args):
-        return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(self.dir),
-                "--configfile", str(self.dir / "config.yaml"), *args]
-
-    def run(self, *args, check=True, timeout=300, env=None):
-        proc = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})})
-        proc.output = proc.stdout + proc.stderr
-        if check and proc.returncode != 0:
-            raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.output[-6000:]}")
-        return proc
-
-    def start(self, *args, env=None):
-        """Start snakemake in its own process group (so the whole group can be killed)."""
-        log = open(self.dir / "snakemake.out", "w")
-        return subprocess.Popen(self.cmd(*args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **(env or {})})
-
-    def killpg(self, proc, sig=signal.SIGKILL):
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=30)
-
-    def path(self, *parts):
-        return self.dir.joinpath(*parts)
-
-    def journal_lines(self, dataset):
-        p = self.path("results", dataset, "journal.jsonl")
-        if not p.exists():
-            return []
-        return [line for line in p.read_text().splitlines(keepends=True) if line.endswith("\n")]
-
-    def records(self, dataset, name="journal.jsonl"):
-        p = self.path("results", dataset, name)
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
-
-
-def planned_jobs(output):
-    """Job counts from a dry-run's 'Job stats' table: {rule: count}."""
-    counts, in_table = {}, False
-    for line in output.splitlines():
-        if line.startswith("job ") and "count" in line:
-            in_table = True
-            continue
-        if in_table:
-            parts = line.split()
-            if not parts or parts[0].startswith("-"):
-                continue
-            if parts[0] == "total":
-                break
-            if len(parts) == 2 and parts[1].isdigit():
-                counts[parts[0]] = int(parts[1])
-    return counts
-
-
-def planned_inference(output):
-    """Datasets with an inference job in a dry-run's listing."""
-    import re
-
-    found, current = set(), None
-    for line in output.splitlines():
-        s = line.strip()
-        m = re.match(r"Job \d+: inference (\S+): ", s)  # the rule's message: line
-        if m:
-            found.add(m.group(1))
-        elif s.startswith("rule ") or s.startswith("localrule "):
-            current = s.split()[1].rstrip(":")
-        elif s.startswith("wildcards:") and current == "inference":
-            found.add(s.split("dataset=")[1].split(",")[0].strip())
-    return found
-
-
-def base_config(base_url, tokenizer, datasets, **generation):
-    gen = {"token_budget": 2000, "max_tokens": 256, "concurrency": 8, "seed": 1}
-    gen.update(generation)
-    return {
-        "server": {"base_url": base_url, "model": "mock-model", "request_timeout_s": 30, "startup_wait_s": 2,
-                   "unreachable_deadline_s": 30, "progress_interval_s": 0.5},
-        "generation": gen,
-        "tokenizer": {"path": str(tokenizer), "max_length": 1024, "processes": 1},
-        "datasets": datasets,
-    }
-
-
-def wait_for(predicate, timeout=60, interval=0.1, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -46,7 +46,7 @@ if os.environ.get("BUDGETGEN_INTEROP") != "1":
     pytest.skip("trainer interop test: set BUDGETGEN_INTEROP=1 (installs the trainers from PyPI)",
                 allow_module_level=True)
 
-from conftest import Workflow, base_config, write_prompts  # noqa: E402
+from support.workflow import Workflow, base_config, write_prompts  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LOADERS = HERE / "trainer_loaders.py"

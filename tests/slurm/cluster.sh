@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node SLURM cluster on this machine, for tests/test_slurm.py and .ci/run.
+# A single-node SLURM cluster on this machine, for tests/workflow/test_slurm.py and .ci/run.
 #
 #   tests/slurm/cluster.sh start    install (Debian: slurmctld slurmd slurm-client munge) if missing,
 #                                   write a cgroup-less slurm.conf, start munged/slurmctld/slurmd by

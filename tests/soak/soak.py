@@ -24,7 +24,7 @@ journals and errors.jsonl hold exactly the reference ids, and raw_responses.json
 tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
 the Arrow provenance metadata compared too).
 
-Appends one JSON result line to --results (default tests/soak/results.jsonl). tests/test_soak.py
+Appends one JSON result line to --results (default tests/soak/results.jsonl). tests/workflow/test_soak.py
 runs three trials of this in CI.
 """
 
@@ -47,7 +47,8 @@ for _p in (str(TESTS), str(TESTS.parent / "scripts")):
         sys.path.insert(0, _p)
 
 from budgetgen_testkit import mock_server  # noqa: E402
-from conftest import CORPUS, Workflow, base_config, write_prompts  # noqa: E402
+from support import CORPUS  # noqa: E402
+from support.workflow import Workflow, base_config, write_prompts  # noqa: E402
 
 DATASETS = {"A": 24, "B": 16, "C": 16}
 FAIL_400 = 0.05  # share of prompts answered HTTP 400 (permanent errors); fault seed 7: 1, 2 and 1 of them

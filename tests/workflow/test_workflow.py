@@ -9,7 +9,15 @@ import pyarrow as pa
 import pytest
 from datasets import Dataset
 
-from conftest import Workflow, base_config, planned_inference, planned_jobs, server_stats, wait_for, write_prompts
+from support.workflow import (
+    Workflow,
+    base_config,
+    planned_inference,
+    planned_jobs,
+    server_stats,
+    wait_for,
+    write_prompts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -95,9 +103,10 @@ def test_met_journal_is_finalized_without_inference_job(tmp_path, server, tiny_t
     (wf.path("results", "M")).mkdir(parents=True)
     src = tmp_path / "src"
     src.mkdir()
-    from conftest import REPO
     import subprocess
     import sys
+
+    from support import REPO
 
     cmd = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "M", "--prompts",
            str(wf.path("prompts", "M.jsonl")), "--journal", str(src / "j.jsonl"), "--errors", str(src / "e.jsonl"),

@@ -1,5 +1,5 @@
 """What real servers do that the mock does not simulate, against small hand-made servers on loopback
-(tests/scripted_server.py) and the real client and inference job: an error object inside a stream,
+(tests/support/scripted_server.py) and the real client and inference job: an error object inside a stream,
 401 on chat only, no usage, an engine's `abort`, several tokens per SSE event, a request queued inside
 the server longer than request_timeout_s, streams still delivering while other requests fail, a
 streak of identical permanent errors, permanent errors tied to the settings that produced them."""
@@ -12,10 +12,11 @@ import sys
 import time
 
 import pytest
-from scripted_server import ScriptedServer, answer_words, delta, finish, json_reply, sse, usage
 
 from budgetgen.client import ChatClient, PermanentError, ServerRefused, TransientError
-from conftest import REPO, write_prompts
+from support import REPO
+from support.scripted_server import ScriptedServer, answer_words, delta, finish, json_reply, sse, usage
+from support.workflow import write_prompts
 
 
 def chat(base_url, timeout_s=5, on_token=None, client_hook=None, **kw):

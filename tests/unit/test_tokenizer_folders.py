@@ -9,6 +9,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing from the hub, ever
 import filecmp
 
 import pytest
+
 from support.tokenizer_folders import (
     KIMI_DEFAULT_SYSTEM,
     build_gemma_like,

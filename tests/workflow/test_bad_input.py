@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import Workflow, base_config, server_stats
+from support.workflow import Workflow, base_config, server_stats
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import threading
 import time
 
 from budgetgen_testkit import mock_server
-from conftest import REPO, Workflow, base_config, server_stats, write_prompts
+from support import REPO
+from support.workflow import Workflow, base_config, server_stats, write_prompts
 
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 

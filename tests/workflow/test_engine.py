@@ -19,7 +19,8 @@ import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from conftest import REPO, Workflow, base_config, write_prompts
+from support import REPO
+from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
 

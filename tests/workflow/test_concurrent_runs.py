@@ -2,7 +2,7 @@
 `snakemake` is refused by Snakemake's directory lock while the first runs; one started with --nolock
 gets as far as the inference job, which the journal lock (JournalLock) refuses, naming the pid that
 holds it. Either way the first run completes with every prompt once. (Two inference processes on one
-journal outside snakemake: tests/test_inference.py::test_second_writer_on_one_journal_is_refused.)
+journal outside snakemake: tests/workflow/test_inference.py::test_second_writer_on_one_journal_is_refused.)
 
 The premise, "the first run is still running while the second starts and is refused", must hold on
 a loaded machine (CI shares one): the second snakemake can take longer to start than the first takes
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import Workflow, base_config, server_stats, wait_for, write_prompts
+from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import pytest
 from budgetgen import plots
 from budgetgen_testkit import mock_server
 from budgetgen_testkit.tiny_tokenizer import build_tokenizer
-from conftest import CORPUS, Workflow, base_config, write_prompts
+from support import CORPUS
+from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
 

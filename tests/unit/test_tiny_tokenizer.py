@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from budgetgen_testkit.tiny_tokenizer import END_OF_TURN, TEMPLATES, build_tokenizer
+from support import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "make_demo_tokenizer.py")
+SCRIPT = str(REPO / "scripts" / "make_demo_tokenizer.py")
 
 CORPUS = """\
 A draft model proposes tokens; the target model verifies them. Training data comes from the target.

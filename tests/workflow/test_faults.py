@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import Workflow, base_config, server_stats, wait_for, write_prompts
+from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def job_cmd(tmp_path, base_url, **kw):
     """The inference job run directly (the command rule `inference` runs), in tmp_path."""
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
          "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
@@ -163,11 +163,7 @@ def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when
 
 def inference_pid(proc):
     """The pid of the inference job's python process under snakemake (same process group)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
-    from soak import group_members
+    from soak.soak import group_members
 
     found = [pid for pid, cmd in group_members(proc.pid) if "run_inference.py" in cmd and pid != proc.pid]
     return found[0] if found else None
@@ -310,7 +306,7 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
     tokenize, and an inference rerun (its lock file) -- one `error:` line each, no traceback."""
     import sys
 
-    from conftest import REPO
+    from support import REPO
 
     d = small_fs(tmp_path / "full", "256k")
     write_prompts(tmp_path / "prompts.jsonl", 5)

@@ -14,7 +14,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, Workflow, base_config, planned_inference, wait_for, write_prompts
+from support import REPO
+from support.workflow import Workflow, base_config, planned_inference, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from datasets import Dataset
 
-from conftest import REPO, Workflow, base_config, planned_inference, wait_for, write_prompts
+from support import REPO
+from support.workflow import Workflow, base_config, planned_inference, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
 

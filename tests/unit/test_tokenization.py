@@ -1,5 +1,5 @@
 """Training rows (prompt ids + completion ids), skips, Arrow output and the tokenize_responses.py CLI,
-on tiny local tokenizers. Real models' tokenizers and templates: tests/test_real_templates.py."""
+on tiny local tokenizers. Real models' tokenizers and templates: tests/unit/test_real_templates.py."""
 
 import os
 
@@ -24,9 +24,9 @@ from budgetgen.tokenization import (
     tokenize_file,
 )
 from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
+from support import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "tokenize_responses.py")
+SCRIPT = str(REPO / "scripts" / "tokenize_responses.py")
 
 CORPUS = """\
 Speculative decoding uses a small draft model to propose tokens that a large target model verifies.

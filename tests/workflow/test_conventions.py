@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from support import REPO
 
 BIN = Path(sys.executable).parent
 

@@ -1,7 +1,7 @@
-"""The report figures: the plotted numbers (pure functions over records), and rule `plots` in a real
-workflow run against the mock server, whose SVGs carry their numbers as text."""
+"""The report figures: the plotted numbers (pure functions over records), the drawn SVGs (which
+carry their numbers as text) and the plot_dataset.py entry point. Rule `plots` in a real workflow run:
+tests/workflow/test_plots_rule.py."""
 
-import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from budgetgen import plots
-from conftest import REPO, Workflow, base_config, write_prompts
+from support import REPO
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -115,33 +115,3 @@ def test_entry_point_help_and_one_line_errors(tmp_path):
                         "--budget", "1", "--max-tokens", "1", "--budget-figure", str(tmp_path / "b.pdf")],
                        capture_output=True, text=True, check=False)
     assert p.returncode == 2 and "figure format must be .svg or .png" in p.stderr
-
-
-@pytest.mark.slow
-def test_rule_plots_draws_each_dataset_from_its_responses(tmp_path, server, tiny_tokenizer):
-    srv = server("--length-dist", "lognormal", "--mean-tokens", "40", "--reasoning-share", "0.3",
-                 "--context-limit", "200")
-    wf_dir = tmp_path / "work"
-    write_prompts(wf_dir / "prompts" / "A.jsonl", 100, prefix="A")
-    write_prompts(wf_dir / "prompts" / "B.jsonl", 6, prefix="B")
-    with open(wf_dir / "prompts" / "B.jsonl", "a") as f:  # two prompts the context limit refuses (HTTP 400)
-        for i in range(2):
-            f.write(json.dumps({"prompt": "long " * 150 + str(i)}) + "\n")
-    datasets = {"A": {"prompts": "prompts/A.jsonl", "token_budget": 800},
-                "B": {"prompts": "prompts/B.jsonl", "token_budget": 10**6}}
-    wf = Workflow(wf_dir, base_config(srv.base_url, tiny_tokenizer, datasets, max_tokens=96))
-    targets = [f"results/{ds}/plots/{name}.svg" for ds in datasets for name in plots.FIGURES]
-    wf.run("--cores", "2", *targets)
-    text = {(ds, name): svg_text(wf.path("results", ds, "plots", f"{name}.svg"))
-            for ds in datasets for name in plots.FIGURES}
-    a_raw, b_raw = wf.records("A", "raw_responses.jsonl"), wf.records("B", "raw_responses.jsonl")
-    a_tokens = sum(r["usage"]["completion_tokens"] for r in a_raw)
-    assert f"A: {a_tokens:,} of 800 completion tokens" in text["A", "budget"] and "— met" in text["A", "budget"]
-    assert "— exhausted" in text["B", "budget"] and f"{len(b_raw)} responses from 8 prompts" in text["B", "budget"]
-    cut = sum(r["finish_reason"] == "length" for r in a_raw)
-    assert f"{cut} of {len(a_raw)} " in text["A", "lengths"] and "max_tokens=96" in text["A", "lengths"]
-    assert "(counted by the server)" in text["A", "reasoning"]
-    assert len(wf.records("B", "errors.jsonl")) == 2 and "failed: HTTP 400" in text["B", "errors"] and "no prompt failed" in text["A", "errors"]
-    assert "throughput over the run" in text["A", "throughput"]
-    assert wf.path("logs", "plots", "A.log").read_text().count("figure ->") == len(plots.FIGURES)
-    assert "Nothing to be done" in wf.run("-n", *targets).output

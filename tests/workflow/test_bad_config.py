@@ -4,7 +4,7 @@ logs/ or benchmarks/)."""
 
 import pytest
 
-from conftest import Workflow, base_config, write_prompts
+from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
 

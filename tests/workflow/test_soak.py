@@ -6,14 +6,8 @@ with --unlock, killed again (first trial) or left to finish. The full soak runs 
 HTTP 400 (--fail-400), so every run also appends permanent errors to errors.jsonl, checked after
 every kill like the journal."""
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
-
-import soak as soak_mod  # noqa: E402
+from soak import soak as soak_mod
 
 pytestmark = pytest.mark.slow
 

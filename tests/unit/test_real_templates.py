@@ -16,6 +16,7 @@ the rows kept and the rows equal to what was generated (also written to <basetem
 import json
 
 import pytest
+
 from support import real_tokenizers as rt
 
 FAMILY_CASES = [(name, case) for name, fam in rt.FAMILIES.items() for case in rt.case_ids(fam)]

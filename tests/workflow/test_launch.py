@@ -11,9 +11,8 @@ import time
 import httpx
 import pytest
 
-from budgetgen.errors import UserError
-from budgetgen.launch import render_command
-from conftest import REPO, wait_for, write_prompts
+from support import REPO
+from support.workflow import wait_for, write_prompts
 
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 MOCK = f"{sys.executable} {REPO / 'scripts' / 'mock_server.py'}"
@@ -43,17 +42,6 @@ def gone(pid):
     # a zombie is gone for our purposes (nobody serves on its port)
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ", 1)[1].startswith("Z")
-
-
-def test_render_command_fills_placeholders_inside_words_and_never_splits_values():
-    argv = render_command("python -m sglang.launch_server --model-path {model_path} --port={port} "
-                          "--json-args '{\"a\": 1}' --served-model-name {model}",
-                          {"port": 31000, "host": "127.0.0.1", "model": "my model $(touch x)",
-                           "model_path": "/m/Qwen 3", "dataset": "B1"})
-    assert argv == ["python", "-m", "sglang.launch_server", "--model-path", "/m/Qwen 3", "--port=31000",
-                    "--json-args", '{"a": 1}', "--served-model-name", "my model $(touch x)"]
-    with pytest.raises(UserError, match="not a valid command line"):
-        render_command("python 'unclosed", {})
 
 
 def test_launched_server_is_used_and_stopped_after_success(tmp_path):
@@ -128,7 +116,7 @@ def test_sigterm_stops_the_job_and_its_server_within_seconds(tmp_path):
 def test_workflow_launches_a_server_per_inference_job_and_keeps_its_log(tmp_path, tiny_tokenizer):
     """server.launch in config.yaml: no base_url; each inference job starts its own server (log under
     logs/server/), and the config's command template goes through as argv, never through a shell."""
-    from conftest import Workflow, base_config
+    from support.workflow import Workflow, base_config
 
     for name in ("A", "B"):
         write_prompts(tmp_path / "prompts" / f"{name}.jsonl", 6, prefix=name)

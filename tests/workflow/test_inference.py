@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import REPO, server_stats, wait_for, write_prompts
+from support import REPO
+from support.workflow import server_stats, wait_for, write_prompts
 
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
