@@ -1,6 +1,9 @@
 """The project's conventions, checked by the tools that define them: `snakemake --lint`, snakefmt,
-ruff (configured in pyproject.toml), and the conda environment installing the pinned requirements."""
+ruff (configured in pyproject.toml), and the conda environment installing the pinned requirements;
+and the layout: the product never imports the test kit, and the README's developer map and each
+package's docstring list every module."""
 
+import ast
 import re
 import shutil
 import subprocess
@@ -133,3 +136,38 @@ def test_readme_configuration_reference_matches_the_schema():
     assert keys - documented == set(), "schema keys missing from the README's configuration table"
     stale = {k for k in documented - keys if "<" not in k}
     assert stale == set(), "README documents keys the schema does not have"
+
+
+def imported_modules(path):
+    """Top-level names of every module a Python file imports (absolute imports only)."""
+    tree = ast.parse(Path(path).read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+
+
+def test_the_product_never_imports_the_test_kit():
+    """budgetgen_testkit depends on budgetgen, never the reverse; no rule or workflow entry point uses it
+    (scripts/mock_server.py and make_demo_tokenizer.py are the test kit's own commands)."""
+    kit_commands = {"mock_server.py", "make_demo_tokenizer.py"}
+    product = [*(REPO / "scripts" / "budgetgen").glob("*.py"),
+               *(p for p in (REPO / "scripts").glob("*.py") if p.name not in kit_commands)]
+    offenders = [p.relative_to(REPO) for p in product if "budgetgen_testkit" in set(imported_modules(p))]
+    assert not offenders, f"the product imports budgetgen_testkit: {offenders}"
+    for smk in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")]:
+        assert "budgetgen_testkit" not in smk.read_text(), f"{smk.name} names budgetgen_testkit"
+
+
+@pytest.mark.parametrize("package", ["budgetgen", "budgetgen_testkit"])
+def test_readme_developer_map_and_package_docstring_list_every_module(package):
+    modules = sorted(p.stem for p in (REPO / "scripts" / package).glob("*.py") if p.stem != "__init__")
+    readme = (REPO / "README.md").read_text().split("## Development", 1)[1]
+    block = readme.split(f"scripts/{package}/", 1)[1].split("\n", 1)[1]
+    listed = re.findall(r"^  (\w+)\s", block, re.M)  # the module lines under the package's line
+    missing = [m for m in modules if m not in listed]
+    assert not missing, f"README's developer map does not list {package} modules {missing}"
+    docstring = ast.get_docstring(ast.parse((REPO / "scripts" / package / "__init__.py").read_text()))
+    missing = [m for m in modules if not re.search(rf"^  {m}\s", docstring, re.M)]
+    assert not missing, f"{package}/__init__.py's docstring does not list modules {missing}"
