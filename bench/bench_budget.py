@@ -61,17 +61,19 @@ def write_prompts(path, n):
 def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True):
     d = work / f"budgetgen-{seed}-{per_event}"
     d.mkdir()
-    cmd = [sys.executable, str(common.REPO / "scripts" / "run_inference.py"), "--dataset", "bench",
-           "--prompts", str(prompts), "--journal", str(d / "journal.jsonl"), "--errors", str(d / "errors.jsonl"),
-           "--done", str(d / "inference.done"), "--budget", str(sh["budget"]), "--base-url", url,
-           "--model", MODEL, "--max-tokens", str(sh["max_tokens"]), "--concurrency", str(sh["concurrency"]),
-           "--seed", str(seed), "--progress-interval-s", "3600", "--request-timeout-s", "120"]
-    if not continuous_usage:
-        cmd.append("--no-continuous-usage-stats")
+    config = {"server": {"base_url": url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 120,
+                         "continuous_usage_stats": bool(continuous_usage)},
+              "generation": {"token_budget": sh["budget"], "max_tokens": sh["max_tokens"],
+                             "concurrency": sh["concurrency"], "seed": seed},
+              "tokenizer": {"path": "unused"}, "datasets": {"bench": {"prompts": str(prompts)}}}
+    (d / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    cmd = [sys.executable, str(common.REPO / "scripts" / "run_inference.py"), "--directory", str(d),
+           "--config", str(d / "config.yaml"), "--dataset", "bench"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"run_inference.py failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     kept = responses = 0
+    d = d / "results" / "bench"
     with open(d / "journal.jsonl") as f:
         for line in f:
             kept += json.loads(line)["usage"]["completion_tokens"]
@@ -158,7 +160,7 @@ def main(argv=None):
     ap.add_argument("--baselines-every-size", action="store_true",
                     help="run the baselines at every --tokens-per-event value too, not only the first")
     ap.add_argument("--no-continuous-usage", action="store_true",
-                    help="budgetgen does not ask for usage on every chunk (run_inference --no-continuous-usage-stats): "
+                    help="budgetgen does not ask for usage on every chunk (server.continuous_usage_stats: false): "
                          "it counts tokens in flight from the text, as with a server without continuous usage")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()

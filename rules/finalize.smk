@@ -13,6 +13,6 @@ rule finalize:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        journal=lambda wc: journal_path(wc.dataset),
+        journal=lambda wc: paths(wc.dataset).journal,
     script:
         "../scripts/finalize.py"

@@ -1,6 +1,7 @@
 # Generation up to the token budget. One job per dataset; resumes from the journal.
-# Content-affecting settings are params (changing them reruns, i.e. resumes, the job); operational
-# ones (URL, timeouts) are read from config by the script and never rerun anything.
+# Content-affecting settings are params (changing them reruns, i.e. resumes, the job); the job builds
+# all its settings from the config (budgetgen.settings), so operational ones (URL, timeouts,
+# concurrency) never rerun anything.
 
 
 rule inference:
@@ -20,24 +21,17 @@ rule inference:
         "../envs/budgetgen.yaml"
     resources:
         # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
-        server_slots=lambda wc: gen(wc.dataset, "concurrency"),
+        server_slots=lambda wc: generation_setting(wc.dataset, "concurrency"),
     params:
-        budget=lambda wc: token_budget(wc.dataset),
+        # the rerun trigger: content settings (budget, max_tokens, temperature, top_p, seed, extra_body;
+        # budgetgen.settings.CONTENT_GENERATION_KEYS); the job reads every setting from the config
+        content=lambda wc: content_generation(wc.dataset),
+        on_bad_line=lambda wc: generation_setting(wc.dataset, "on_bad_line"),
         model=config["server"]["model"],
-        max_tokens=lambda wc: gen(wc.dataset, "max_tokens"),
-        temperature=lambda wc: gen(wc.dataset, "temperature"),
-        top_p=lambda wc: gen(wc.dataset, "top_p"),
-        seed=lambda wc: gen(wc.dataset, "seed"),
-        extra_body=lambda wc: json.dumps(gen(wc.dataset, "extra_body") or {}, sort_keys=True),
-        on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
+        budget=lambda wc: token_budget(wc.dataset),
+        journal=lambda wc: paths(wc.dataset).journal,
         # every run's lines, appended after a separator: a killed run's lines are kept
-        log_history=lambda wc: f"logs/inference/{wc.dataset}.log",
-        journal=lambda wc: journal_path(wc.dataset),
-        errors=lambda wc: errors_path(wc.dataset),
-        # made from the journal by finalize: removed when this job starts (see budgetgen.inference)
-        raw_responses=lambda wc: f"results/{wc.dataset}/raw_responses.jsonl",
-        # the output of the server this job starts itself (server.launch), if any
-        server_log=lambda wc: f"logs/server/{wc.dataset}.log",
+        log_history=lambda wc: paths(wc.dataset).inference_log,
     message:
         "inference {wildcards.dataset}: generating up to a budget of {params.budget} completion tokens "
         "(resumes from {params.journal})"

@@ -17,6 +17,6 @@ rule import_prompts:
         format=lambda wc: source_config(wc.dataset).get("format"),
         split=lambda wc: source_config(wc.dataset)["split"],
         columns=lambda wc: json.dumps(source_config(wc.dataset)["columns"], sort_keys=True),
-        on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
+        on_bad_line=lambda wc: generation_setting(wc.dataset, "on_bad_line"),
     script:
         "../scripts/import_prompts.py"

@@ -45,8 +45,8 @@ rule plots:
         "../envs/budgetgen.yaml"
     params:
         budget=lambda wc: token_budget(wc.dataset),
-        max_tokens=lambda wc: gen(wc.dataset, "max_tokens"),
+        max_tokens=lambda wc: generation_setting(wc.dataset, "max_tokens"),
         # read, never declared: like the journal it is not an output of any rule
-        errors=lambda wc: errors_path(wc.dataset),
+        errors=lambda wc: paths(wc.dataset).errors,
     script:
         "../scripts/plot_dataset.py"

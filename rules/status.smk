@@ -20,9 +20,9 @@ checkpoint budget_status:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        journal=lambda wc: journal_path(wc.dataset),
-        errors=lambda wc: errors_path(wc.dataset),
+        journal=lambda wc: paths(wc.dataset).journal,
+        errors=lambda wc: paths(wc.dataset).errors,
         prompts=lambda wc: prompts_path(wc.dataset),
-        on_bad_line=lambda wc: gen(wc.dataset, "on_bad_line"),
+        on_bad_line=lambda wc: generation_setting(wc.dataset, "on_bad_line"),
     script:
         "../scripts/budget_status.py"

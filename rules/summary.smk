@@ -19,6 +19,6 @@ rule summary:
         datasets=DATASETS,
         budgets=[token_budget(ds) for ds in DATASETS],
         prompts=[prompts_path(ds) for ds in DATASETS],
-        errors=[errors_path(ds) for ds in DATASETS],
+        errors=[paths(ds).errors for ds in DATASETS],
     script:
         "../scripts/summarize.py"

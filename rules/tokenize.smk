@@ -23,7 +23,7 @@ rule tokenize:
         trust_remote_code=config["tokenizer"]["trust_remote_code"],
         max_skipped_pct=config["tokenizer"]["max_skipped_pct"],
         reasoning_tags=config["tokenizer"]["reasoning_tags"],
-        config_sha256=lambda wc: config_sha256(wc.dataset),
+        config_sha256=lambda wc: settings.config_sha256(config, wc.dataset),
         chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
     script:
         "../scripts/tokenize_responses.py"

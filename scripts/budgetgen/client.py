@@ -27,6 +27,7 @@ response is not what the model would have generated.
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 # 408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many Requests, and any 5xx.
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
@@ -186,10 +189,9 @@ class EndpointPool:
     the job's own unreachable deadline decides when to give up, exactly as with one server.
     """
 
-    def __init__(self, urls, per_endpoint=0, recheck_s=10.0, log=None):
+    def __init__(self, urls, per_endpoint=0, recheck_s=10.0):
         self.endpoints = [Endpoint(u, per_endpoint) for u in urls]
         self.recheck_s = recheck_s
-        self.log = log or (lambda msg: None)
         self.room = asyncio.Condition()
         self.probes = {}  # endpoint -> probe task
 
@@ -218,7 +220,7 @@ class EndpointPool:
         if not ep.healthy or len(self.endpoints) == 1:
             return  # one server: nothing to fail over to; the retry loop handles it
         ep.healthy = False
-        self.log(f"endpoint {ep.base_url} taken out ({reason}); probing it every {self.recheck_s:g} s")
+        log.info(f"endpoint {ep.base_url} taken out ({reason}); probing it every {self.recheck_s:g} s")
         self.probes[ep] = asyncio.create_task(self._probe_until_back(ep, probe))
 
     async def _probe_until_back(self, ep, probe):
@@ -230,7 +232,7 @@ class EndpointPool:
                 continue
             ep.healthy = True
             self.probes.pop(ep, None)
-            self.log(f"endpoint {ep.base_url} back in service")
+            log.info(f"endpoint {ep.base_url} back in service")
             async with self.room:
                 self.room.notify_all()
             return
@@ -245,12 +247,11 @@ class ChatClient:
     """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
 
     def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
-                 endpoint_concurrency=0, recheck_s=10.0, log=None, continuous_usage_stats=True):
+                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s, log=log)
+        self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s)
         self.base_url = self.pool.endpoints[0].base_url
         self.model = model
-        self.log = log or (lambda msg: None)
         headers = {"Accept": "text/event-stream, application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"

@@ -83,7 +83,11 @@ def schema_error(config, schema_path):
         isinstance(s, dict) and list(s) == ["required"] for s in err.validator_value
     ):
         names = [k for s in err.validator_value for k in s["required"]]
-        message = f"needs one of the keys {', '.join(names)}"
+        given = [k for k in names if isinstance(err.instance, dict) and k in err.instance]
+        if err.validator == "oneOf":
+            message = f"give exactly one of {' or '.join(names)}" + (f" (got {' and '.join(given)})" if given else "")
+        else:
+            message = f"give one of {' or '.join(names)}"
     elif err.validator == "required" and err.validator_value:
         missing = [k for k in err.validator_value if isinstance(err.instance, dict) and k not in err.instance]
         if missing:
@@ -92,3 +96,48 @@ def schema_error(config, schema_path):
     if len(message) > _MESSAGE_MAX:
         message = message[: _MESSAGE_MAX - 3] + "..."
     return f"config key {'.'.join(path) or '(top level)'}: {message}"
+
+
+def config_problem(config):
+    """What a schema cannot check, as one line naming the key, or None: the files a dataset names
+    exist, and every dataset has a token budget (its own or generation's)."""
+    import os
+
+    for ds in sorted(config["datasets"]):
+        own = config["datasets"][ds]
+        source = own.get("source")
+        if source is not None:
+            if not os.path.exists(source["path"]):
+                return f"config key datasets.{ds}.source.path: not found: {source['path']}"
+        elif not os.path.isfile(own["prompts"]):
+            return f"config key datasets.{ds}.prompts: file not found: {own['prompts']}"
+        if own.get("token_budget", config["generation"].get("token_budget")) is None:
+            return f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
+    return None
+
+
+def api_key_warning(config, environ):
+    """A warning line when server.api_key_env names a variable that is not set, else None."""
+    env = config["server"].get("api_key_env")
+    if env and not environ.get(env):
+        return f"warning: server.api_key_env names {env}, which is not set in this environment"
+    return None
+
+
+def tokenizer_problem(name):
+    """Why tokenizer.path cannot be loaded (as tokenization.load_tokenizer decides), or None: a folder,
+    or a hub name (org/model) already in the local Hugging Face cache."""
+    import os
+
+    from .state import looks_local
+
+    if os.path.isdir(name):
+        return None
+    if looks_local(name):
+        return f"config key tokenizer.path: no such folder: {name}"
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("tokenizer_config.json", "tokenizer.json"):
+        if isinstance(try_to_load_from_cache(name, filename), str):
+            return None
+    return f"config key tokenizer.path: no such folder, and not in the local Hugging Face cache: {name}"

@@ -45,7 +45,7 @@ class _Tee:
         return self.files[0].fileno()
 
 
-def entry_point(main, argv_from_snakemake, namespace):
+def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=False):
     """Run an entry point from the command line or from a Snakemake `script:` directive.
 
     Under Snakemake the rule's input/output/params/config become explicit argv (built by
@@ -55,6 +55,9 @@ def entry_point(main, argv_from_snakemake, namespace):
     Snakemake deletes a rule's declared log before each job. A rule whose history matters (the
     inference job: a killed run's lines explain its resume) also names `params.log_history`: every
     run appends to that file too, after a separator line, so no run's lines are lost.
+
+    config_from_snakemake: main takes `config=` (the config Snakemake loaded and validated, its
+    --config overrides included) instead of reading the --config file named in argv.
     """
     smk = namespace.get("snakemake")
     if smk is None:
@@ -74,4 +77,7 @@ def entry_point(main, argv_from_snakemake, namespace):
             hist.write(f"===== {smk.rule} run started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}; "
                        f"this run alone: {smk.log[0]}) =====\n")
             sys.stdout = sys.stderr = _Tee(log, hist)
-    return run_main(main, [str(a) for a in argv_from_snakemake(smk)])
+    argv = [str(a) for a in argv_from_snakemake(smk)]
+    if config_from_snakemake:  # main(argv, config=...) gets the config Snakemake validated
+        return run_main(lambda args: main(args, config=smk.config), argv)
+    return run_main(main, argv)

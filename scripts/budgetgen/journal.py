@@ -152,6 +152,23 @@ def iter_records(path):
             yield lineno, rec
 
 
+def response_record(prompt_id, messages, result, params, created, attempts):
+    """The journal record of one response (a client.ChatResult) to `messages`: the conversation with
+    the generated assistant turn appended, how it was made, and its usage (last, see above)."""
+    assistant = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        assistant["reasoning_content"] = result.reasoning
+    rec = {"id": prompt_id, "messages": list(messages) + [assistant], "finish_reason": result.finish_reason,
+           "params": params, "served_model": result.model, "created": round(created, 3),
+           "latency_s": round(time.time() - created, 3), "attempts": attempts}
+    if result.prompt_token_ids:
+        rec["prompt_token_ids"] = result.prompt_token_ids
+    if result.token_ids:
+        rec["completion_token_ids"] = result.token_ids
+    rec["usage"] = result.usage
+    return rec
+
+
 def encode_record(rec):
     """One journal line. `id` first and `usage` last (see the module docstring)."""
     ordered = {"id": rec["id"]}

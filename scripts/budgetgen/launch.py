@@ -9,6 +9,7 @@ SIGTERM if the job dies without stopping it (Linux parent-death signal). Its out
 
 import asyncio
 import ctypes
+import logging
 import os
 import re
 import shlex
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from .client import ServerUnreachable
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 PLACEHOLDER = re.compile(r"\{(port|host|model|model_path|dataset)\}")
 PR_SET_PDEATHSIG = 1
@@ -52,7 +55,7 @@ def _die_with_parent():
 
 class LaunchedServer:
     def __init__(self, template, log_path, *, model, model_path=None, dataset="", port=0, host="127.0.0.1",
-                 ready_timeout_s=1800.0, stop_timeout_s=30.0, log=print):
+                 ready_timeout_s=1800.0, stop_timeout_s=30.0):
         self.port = port or free_port(host)
         self.values = {"port": self.port, "host": host, "model": model, "model_path": model_path or model,
                        "dataset": dataset}
@@ -61,7 +64,6 @@ class LaunchedServer:
         self.log_path = Path(log_path)
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.log = log
         self.proc = None
 
     def start(self):
@@ -74,7 +76,7 @@ class LaunchedServer:
                                              start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 raise UserError(f"server.launch could not start {self.argv[0]!r}: {exc.strerror}") from None
-        self.log(f"Launched server pid {self.proc.pid} on {self.base_url} (log: {self.log_path}): "
+        log.info(f"Launched server pid {self.proc.pid} on {self.base_url} (log: {self.log_path}): "
                  f"{shlex.join(self.argv)}")
         return self
 
@@ -94,7 +96,7 @@ class LaunchedServer:
                                 f"see {self.log_path} (last line: {self.last_log_line()!r})")
             try:
                 await client.check_server()
-                self.log(f"Server ready after {time.monotonic() - t0:.1f} s")
+                log.info(f"Server ready after {time.monotonic() - t0:.1f} s")
                 return
             except ServerUnreachable:
                 pass
@@ -114,7 +116,7 @@ class LaunchedServer:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
-                self.log(f"server pid {self.proc.pid} still running {self.stop_timeout_s:g} s after SIGTERM: SIGKILL")
+                log.info(f"server pid {self.proc.pid} still running {self.stop_timeout_s:g} s after SIGTERM: SIGKILL")
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             except ProcessLookupError:
@@ -124,4 +126,4 @@ class LaunchedServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.log(f"Stopped server pid {self.proc.pid} (exit code {self.proc.returncode})")
+        log.info(f"Stopped server pid {self.proc.pid} (exit code {self.proc.returncode})")

@@ -4,31 +4,21 @@
 import json
 import re
 import subprocess
-import sys
 import threading
 import time
 
 from budgetgen_testkit import mock_server
-from support import REPO
+from support.jobs import job_cmd
 from support.workflow import Workflow, base_config, server_stats, write_prompts
-
-RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
 
 def job(tmp_path, urls, budget=10**6, **kw):
-    a = ["--dataset", "d", "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"), "--budget", str(budget),
-         "--model", "mock-model", "--max-tokens", "64", "--concurrency", "8", "--progress-interval-s", "0.5",
-         "--startup-wait-s", "0", "--unreachable-deadline-s", "30"]
-    for url in urls:
-        a += ["--base-url", url]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    return RUN + a
+    kw = {"max_tokens": 64, "concurrency": 8, "startup_wait_s": 0, "unreachable_deadline_s": 30, **kw}
+    return job_cmd(tmp_path, list(urls), budget=budget, **kw)
 
 
 def records(tmp_path):
-    return [json.loads(x) for x in (tmp_path / "j.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()]
 
 
 def test_requests_go_to_the_least_loaded_endpoint_with_a_per_endpoint_cap(tmp_path, server):
@@ -59,7 +49,7 @@ def test_an_endpoint_that_dies_is_taken_out_and_probed_back_in(tmp_path, server)
                             stderr=subprocess.STDOUT)
     revived = []
     try:
-        while not (tmp_path / "j.jsonl").exists() or len((tmp_path / "j.jsonl").read_text().splitlines()) < 20:
+        while not (tmp_path / "results" / "d" / "journal.jsonl").exists() or len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) < 20:
             time.sleep(0.05)
         b.kill()  # the server process dies: open streams break, new connections are refused
         b.wait()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from support.jobs import job_cmd
 from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
@@ -37,21 +38,6 @@ def journal_ids(wf):
     return [r["id"] for r in wf.records("F")]
 
 
-def job_cmd(tmp_path, base_url, **kw):
-    """The inference job run directly (the command rule `inference` runs), in tmp_path."""
-    import sys
-
-    from support import REPO
-
-    a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
-         "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
-         "--base-url", base_url, "--model", "mock-model", "--progress-interval-s", "0.5"]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    return a
-
-
 def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and_retries_logged(
         tmp_path, server):
     """The inference job itself (no snakemake start-up in the timing): a backoff begun during the
@@ -64,7 +50,7 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
                  "--retry-after", "0.5", "--drop", "0.05", "--hang", "0.01", "--fault-seed", "11",
                  "--outage-at", "5", "--outage-for", outage_for)
     write_prompts(tmp_path / "prompts.jsonl", 400)
-    journal = tmp_path / "j.jsonl"
+    journal = tmp_path / "results" / "d" / "journal.jsonl"
     t0 = time.monotonic()
     proc = subprocess.Popen(job_cmd(tmp_path, srv.base_url, budget=800, max_tokens=256, concurrency=4,
                                     request_timeout_s=2, unreachable_deadline_s=outage_for + 30),
@@ -83,7 +69,7 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
     recs = [json.loads(x) for x in journal.read_text().splitlines()]
     ids = [r["id"] for r in recs]
     assert len(ids) > at_outage and len(set(ids)) == len(ids)
-    done = json.loads((tmp_path / "done.json").read_text())
+    done = json.loads((tmp_path / "results" / "d" / "inference.done").read_text())
     tokens = sum(r["usage"]["completion_tokens"] for r in recs)
     assert done["state"] == "met" and done["tokens"] == tokens >= 800
     retries, kinds = done_line(log)
@@ -113,7 +99,7 @@ def test_hung_requests_are_ended_by_request_timeout_and_retried(tmp_path, server
     retries, kinds = done_line(p.output)
     hangs = server_stats(srv)["faults"]["hang"]
     assert hangs > 0 and kinds == {"ReadTimeout": hangs} and retries == hangs
-    assert len({json.loads(x)["id"] for x in (tmp_path / "j.jsonl").read_text().splitlines()}) == 30
+    assert len({json.loads(x)["id"] for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}) == 30
     print(f"hangs: {hangs} ended by the 1 s request timeout, run {time.monotonic() - t0:.1f} s")
 
 
@@ -308,7 +294,7 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
 
     from support import REPO
 
-    d = small_fs(tmp_path / "full", "256k")
+    d = small_fs(tmp_path / "results" / "F", "256k")  # the inference job's files: results/F under tmp_path
     write_prompts(tmp_path / "prompts.jsonl", 5)
     rec = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],
            "finish_reason": "stop", "params": {"model": "m", "max_tokens": 8}, "served_model": "m",
@@ -322,15 +308,14 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
                         d / "e.jsonl", "--prompts", tmp_path / "prompts.jsonl", "--output", d / "status.json"],
         "tok.arrow": [py, s / "tokenize_responses.py", "--input", d / "raw.jsonl", "--output", d / "tok.arrow",
                       "--tokenizer", tiny_tokenizer, "--max-length", "256"],
-        "journal.jsonl.lock": [py, s / "run_inference.py", "--dataset", "F", "--prompts", tmp_path / "prompts.jsonl",
-                               "--journal", d / "journal.jsonl", "--errors", d / "e.jsonl", "--done", d / "done",
-                               "--budget", "100", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+        "journal.jsonl.lock": job_cmd(tmp_path, "http://127.0.0.1:9/v1", dataset="F", budget=100, model="m"),
     }
     for name, cmd in runs.items():
         p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120)
         err = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
-        assert len(err) == 1 and err[0].startswith(f"error: {d / name}: cannot write"), err
+        where = "results/F/journal.jsonl.lock" if name == "journal.jsonl.lock" else d / name  # the job's own paths
+        assert len(err) == 1 and err[0].startswith(f"error: {where}: cannot write"), err
         assert "No space left on device" in err[0]
     assert sorted(os.listdir(d)) == ["filler", "journal.jsonl", "journal.jsonl.lock", "raw.jsonl"]  # no temp files
 
@@ -356,8 +341,8 @@ def test_connection_errors_of_an_outage_do_not_use_up_max_retries(tmp_path, serv
     retries, kinds = done_line(p.output)
     assert kinds.get("ConnectError", 0) >= 2 and kinds["HTTP 500"] == 1
     assert retries - kinds["ConnectError"] == 2  # the cut stream and the 500
-    assert json.loads((tmp_path / "done.json").read_text())["state"] == "exhausted"
-    assert len((tmp_path / "j.jsonl").read_text().splitlines()) == 1
+    assert json.loads((tmp_path / "results" / "d" / "inference.done").read_text())["state"] == "exhausted"
+    assert len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) == 1
 
 
 def test_budget_met_despite_a_prompt_out_of_retries_is_success(tmp_path, server):
@@ -368,7 +353,7 @@ def test_budget_met_despite_a_prompt_out_of_retries_is_success(tmp_path, server)
     p = run_job(tmp_path, srv.base_url, budget=40, max_retries=0, concurrency=1, max_tokens=64)
     assert p.returncode == 0, p.output[-3000:]
     assert "giving up on " in p.output  # the scenario happened
-    done = json.loads((tmp_path / "done.json").read_text())
+    done = json.loads((tmp_path / "results" / "d" / "inference.done").read_text())
     assert done["state"] == "met" and done["tokens"] >= 40
 
 
@@ -386,7 +371,7 @@ def test_torn_large_error_record_is_dropped_and_later_error_records_are_whole_li
         for i in range(3):
             f.write(json.dumps({"id": f"big{i}", "prompt": f"big {i} " + "word " * 250_000}) + "\n")
     srv = server("--mean-tokens", "20", "--context-limit", "100000")
-    errors = tmp_path / "errors.jsonl"
+    errors = tmp_path / "results" / "d" / "errors.jsonl"
 
     def error_lines():
         data = errors.read_bytes()
@@ -429,4 +414,4 @@ def test_torn_large_error_record_is_dropped_and_later_error_records_are_whole_li
 
 
 def journal_ids_of(tmp_path):
-    return [json.loads(line)["id"] for line in (tmp_path / "j.jsonl").read_text().splitlines()]
+    return [json.loads(line)["id"] for line in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()]

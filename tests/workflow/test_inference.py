@@ -5,35 +5,27 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from support import REPO
+from support.jobs import job_cmd
 from support.workflow import server_stats, wait_for, write_prompts
 
-RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
-
-def args(tmp_path, base_url, budget=2000, **kw):
-    a = ["--dataset", "d", "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
-         "--budget", str(budget), "--base-url", base_url, "--model", "mock-model", "--max-tokens", "256",
-         "--concurrency", "8", "--progress-interval-s", "0.5", "--startup-wait-s", "0"]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    return a
+def cmd(tmp_path, base_url, budget=2000, **kw):
+    kw = {"max_tokens": 256, "concurrency": 8, "startup_wait_s": 0, **kw}
+    return job_cmd(tmp_path, base_url, budget=budget, **kw)
 
 
 def run(tmp_path, base_url, timeout=120, **kw):
-    p = subprocess.run(RUN + args(tmp_path, base_url, **kw), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd(tmp_path, base_url, **kw), capture_output=True, text=True, timeout=timeout)
     p.output = p.stdout + p.stderr
     return p
 
 
 def journal(tmp_path):
-    path = tmp_path / "j.jsonl"
+    path = tmp_path / "results" / "d" / "journal.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -50,7 +42,7 @@ def test_budget_met_with_small_overshoot_and_records_complete(tmp_path, server):
     assert r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["reasoning_content"]
     assert r["params"] == {"model": "mock-model", "max_tokens": 256, "temperature": 0.5}
     assert list(r)[0] == "id" and list(r)[-1] == "usage"
-    done = json.loads((tmp_path / "done.json").read_text())
+    done = json.loads((tmp_path / "results" / "d" / "inference.done").read_text())
     assert done["state"] == "met" and done["tokens"] == tokens
     assert server_stats(srv)["tokens_abandoned"] == 0  # nothing generated was thrown away
     assert "Resuming: 0 already done (0 tokens)" in p.output and "progress:" in p.output and "ETA" in p.output
@@ -97,7 +89,7 @@ def test_exhausted_prompts_finish_as_exhausted_and_duplicates_are_generated_once
     assert p.returncode == 0, p.output
     assert "1 duplicates dropped" in p.output
     assert len(journal(tmp_path)) == 10 and server_stats(srv)["requests"] == 10
-    assert json.loads((tmp_path / "done.json").read_text())["state"] == "exhausted"
+    assert json.loads((tmp_path / "results" / "d" / "inference.done").read_text())["state"] == "exhausted"
 
 
 def test_length_cut_responses_are_kept_and_counted(tmp_path, server):
@@ -118,7 +110,7 @@ def test_transient_faults_are_retried_and_counted(tmp_path, server):
     recs = journal(tmp_path)
     assert len(recs) == 150 and len({r["id"] for r in recs}) == 150
     faults = server_stats(srv)["faults"]
-    done = json.loads((tmp_path / "done.json").read_text())
+    done = json.loads((tmp_path / "results" / "d" / "inference.done").read_text())
     assert done["retries"] == faults["500"] + faults["429"] + faults["drop"] > 0
     assert "HTTP 500" in p.output and "HTTP 429" in p.output
 
@@ -132,19 +124,19 @@ def test_non_transient_4xx_goes_to_errors_once_and_is_not_counted(tmp_path, serv
     p = run(tmp_path, srv.base_url, budget=10**6, max_tokens=32)
     assert p.returncode == 0, p.output
     assert [r["id"] for r in journal(tmp_path)] == ["short"]
-    errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "results" / "d" / "errors.jsonl").read_text().splitlines()]
     assert [e["id"] for e in errors] == ["long"] and errors[0]["status"] == 400
     assert "maximum context length" in errors[0]["error"]
     requests = server_stats(srv)["requests"]
     assert run(tmp_path, srv.base_url, budget=10**6, max_tokens=32).returncode == 0
     assert server_stats(srv)["requests"] == requests  # not retried on resume
-    assert len((tmp_path / "errors.jsonl").read_text().splitlines()) == 1
+    assert len((tmp_path / "results" / "d" / "errors.jsonl").read_text().splitlines()) == 1
 
 
 def test_sigterm_stops_flushes_and_exits_nonzero_within_seconds(tmp_path, server):
     write_prompts(tmp_path / "prompts.jsonl", 200)
     srv = server("--mean-tokens", "200", "--tokens-per-s", "50")
-    proc = subprocess.Popen(RUN + args(tmp_path, srv.base_url, budget=10**6), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd(tmp_path, srv.base_url, budget=10**6), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: len(journal(tmp_path)) >= 3, timeout=60, what="3 journaled responses")
     t0 = time.monotonic()
@@ -154,7 +146,7 @@ def test_sigterm_stops_flushes_and_exits_nonzero_within_seconds(tmp_path, server
     assert proc.returncode == 143 and elapsed < 10, out
     assert "SIGTERM received" in out and "rerun to resume" in out
     kept = journal(tmp_path)  # every line whole (json.loads above would fail on a torn one)
-    assert not (tmp_path / "done.json").exists()
+    assert not (tmp_path / "results" / "d" / "inference.done").exists()
     p = run(tmp_path, srv.base_url, budget=sum(r["usage"]["completion_tokens"] for r in kept) + 50)
     assert p.returncode == 0 and f"Resuming: {len(kept)} already done" in p.output
     assert journal(tmp_path)[: len(kept)] == kept
@@ -178,9 +170,7 @@ def test_unreachable_server_is_one_line_naming_the_url(tmp_path):
 def test_unknown_model_is_one_line(tmp_path, server):
     write_prompts(tmp_path / "prompts.jsonl", 3)
     srv = server()
-    a = args(tmp_path, srv.base_url)
-    a[a.index("--model") + 1] = "other-model"
-    p = subprocess.run(RUN + a, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmd(tmp_path, srv.base_url, model="other-model"), capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "model 'other-model' is not served at" in p.stderr
     assert "mock-model" in p.stderr
 
@@ -193,17 +183,17 @@ def test_server_down_mid_run_fails_after_deadline_with_journal_intact(tmp_path, 
     assert p.returncode == 2 and time.monotonic() - t0 < 60
     assert "error: server at " in p.stderr and srv.base_url in p.stderr and "deadline 3 s" in p.stderr
     assert len(journal(tmp_path)) > 0  # whole records, all parseable
-    assert not (tmp_path / "done.json").exists()
+    assert not (tmp_path / "results" / "d" / "inference.done").exists()
 
 
 def test_api_key_from_environment_never_logged(tmp_path, server):
     write_prompts(tmp_path / "prompts.jsonl", 5)
     env = {**os.environ, "BG_TEST_KEY": "sk-secret-123"}
     srv = server("--api-key-env", "BG_TEST_KEY", "--mean-tokens", "5", env={"BG_TEST_KEY": "sk-secret-123"})
-    p = subprocess.run(RUN + args(tmp_path, srv.base_url, budget=10**6, api_key_env="BG_TEST_KEY"),
+    p = subprocess.run(cmd(tmp_path, srv.base_url, budget=10**6, api_key_env="BG_TEST_KEY"),
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "sk-secret-123" not in p.stdout + p.stderr and "sk-secret-123" not in (tmp_path / "j.jsonl").read_text()
+    assert "sk-secret-123" not in p.stdout + p.stderr and "sk-secret-123" not in (tmp_path / "results" / "d" / "journal.jsonl").read_text()
     write_prompts(tmp_path / "prompts.jsonl", 10)  # work left, so the key is needed
     p = run(tmp_path, srv.base_url, budget=10**6, api_key_env="BG_NOT_SET")
     assert p.returncode == 2 and "BG_NOT_SET" in p.stderr
@@ -212,10 +202,10 @@ def test_api_key_from_environment_never_logged(tmp_path, server):
 def test_second_writer_on_one_journal_is_refused(tmp_path, server):
     write_prompts(tmp_path / "prompts.jsonl", 100)
     srv = server("--mean-tokens", "200", "--tokens-per-s", "20")
-    first = subprocess.Popen(RUN + args(tmp_path, srv.base_url, budget=10**6), stdout=subprocess.DEVNULL,
+    first = subprocess.Popen(cmd(tmp_path, srv.base_url, budget=10**6), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (tmp_path / "j.jsonl.lock").exists(), timeout=30, what="lock file")
+        wait_for(lambda: (tmp_path / "results" / "d" / "journal.jsonl.lock").exists(), timeout=30, what="lock file")
         time.sleep(0.5)
         p = run(tmp_path, srv.base_url, budget=10**6)
         assert p.returncode == 2 and "another inference process" in p.stderr and str(first.pid) in p.stderr

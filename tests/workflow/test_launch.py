@@ -12,20 +12,15 @@ import httpx
 import pytest
 
 from support import REPO
+from support.jobs import job_cmd
 from support.workflow import wait_for, write_prompts
 
-RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 MOCK = f"{sys.executable} {REPO / 'scripts' / 'mock_server.py'}"
 
 
 def launch_args(tmp_path, launch, budget=600, **kw):
-    a = ["--dataset", "d", "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"), "--budget", str(budget),
-         "--model", "mock-model", "--max-tokens", "64", "--concurrency", "4", "--progress-interval-s", "0.5",
-         "--startup-wait-s", "0", "--launch", launch, "--launch-log", str(tmp_path / "server.log")]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    return RUN + a
+    kw = {"max_tokens": 64, "concurrency": 4, "startup_wait_s": 0, "launch": launch, **kw}
+    return job_cmd(tmp_path, None, budget=budget, **kw)
 
 
 def launched_pid(output):
@@ -52,11 +47,11 @@ def test_launched_server_is_used_and_stopped_after_success(tmp_path):
     assert p.returncode == 0, out[-3000:]
     pid, url = launched_pid(out)
     assert "Server ready after" in out and f"Server {url} serves mock-model" in out
-    assert "Done: budget exhausted" in out and len((tmp_path / "j.jsonl").read_text().splitlines()) == 30
+    assert "Done: budget exhausted" in out and len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) == 30
     assert gone(pid) and "Stopped server pid" in out
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/models", timeout=2)
-    assert "starting:" in (tmp_path / "server.log").read_text()  # the server's own output is kept
+    assert "starting:" in (tmp_path / "logs" / "server" / "d.log").read_text()  # the server's own output is kept
 
 
 def test_server_that_exits_before_ready_is_one_line_naming_its_log(tmp_path):
@@ -66,7 +61,7 @@ def test_server_that_exits_before_ready_is_one_line_naming_its_log(tmp_path):
     assert p.returncode == 2  # a UserError: one line, exit 2
     err = [x for x in p.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and "exited with code 3 before it was ready" in err[0], p.stderr
-    assert str(tmp_path / "server.log") in err[0] and "CUDA out of memory" in err[0]
+    assert "see logs/server/d.log" in err[0] and "CUDA out of memory" in err[0]  # relative to the workdir
     assert "Traceback" not in p.stderr
 
 
@@ -97,7 +92,7 @@ def test_sigterm_stops_the_job_and_its_server_within_seconds(tmp_path):
     proc = subprocess.Popen(launch_args(tmp_path, MOCK + " --port {port} --tokens-per-s 20 --mean-tokens 40",
                                         budget=10**6), stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: (tmp_path / "j.jsonl").exists() and (tmp_path / "j.jsonl").read_text().count("\n") >= 2,
+        wait_for(lambda: (tmp_path / "results" / "d" / "journal.jsonl").exists() and (tmp_path / "results" / "d" / "journal.jsonl").read_text().count("\n") >= 2,
                  timeout=60, what="2 journaled responses")
         pid, _ = launched_pid((tmp_path / "job.out").read_text())
         t0 = time.monotonic()

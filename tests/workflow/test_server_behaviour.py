@@ -8,13 +8,12 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
 from budgetgen.client import ChatClient, PermanentError, ServerRefused, TransientError
-from support import REPO
+from support.jobs import JobFiles, job_cmd, write_job_config
 from support.scripted_server import ScriptedServer, answer_words, delta, finish, json_reply, sse, usage
 from support.workflow import write_prompts
 
@@ -94,19 +93,10 @@ def test_several_tokens_per_event_are_counted_as_tokens():
 # -- timeouts and liveness ---------------------------------------------------------------------------
 def job(tmp_path, base_url, n_prompts, **kw):
     write_prompts(tmp_path / "prompts.jsonl", n_prompts)
-    a = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
-         "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-         "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
-         "--base-url", base_url, "--model", "mock-model", "--progress-interval-s", "0.5",
-         "--budget", str(kw.pop("budget", 10**6)), "--startup-wait-s", "2"]
-    for k, v in kw.items():
-        a += ["--" + k.replace("_", "-"), str(v)]
-    p = subprocess.run(a, capture_output=True, text=True, timeout=180)
+    p = subprocess.run(job_cmd(tmp_path, base_url, **kw), capture_output=True, text=True, timeout=180)
     p.output = p.stdout + p.stderr
-    p.records = [json.loads(x) for x in (tmp_path / "j.jsonl").read_text().splitlines()] \
-        if (tmp_path / "j.jsonl").exists() else []
-    p.errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()] \
-        if (tmp_path / "errors.jsonl").exists() else []
+    files = JobFiles(tmp_path)
+    p.records, p.errors = files.records("journal"), files.records("errors")
     return p
 
 
@@ -171,14 +161,14 @@ def test_key_refused_on_chat_fails_the_job_in_one_line_recording_nothing(tmp_pat
         p = job(tmp_path, srv.base_url, 10)
     assert p.returncode == 2 and len(error_lines(p.output)) == 1, p.output[-3000:]
     assert "refused the API key (HTTP 401" in error_lines(p.output)[0] and "Traceback" not in p.output
-    assert p.errors == [] and not (tmp_path / "done.json").exists()
+    assert p.errors == [] and not (tmp_path / "results" / "d" / "inference.done").exists()
 
 
 def test_no_usage_fails_the_job_in_one_line(tmp_path):
     with ScriptedServer(lambda body, n: sse([delta("x"), finish(), "data: [DONE]"])) as srv:
         p = job(tmp_path, srv.base_url, 10)
     assert p.returncode == 2 and "no usage.completion_tokens" in error_lines(p.output)[0], p.output[-3000:]
-    assert p.errors == [] and not (tmp_path / "done.json").exists()
+    assert p.errors == [] and not (tmp_path / "results" / "d" / "inference.done").exists()
 
 
 def test_every_request_failing_the_same_way_fails_the_job_and_records_none(tmp_path):
@@ -188,11 +178,11 @@ def test_every_request_failing_the_same_way_fails_the_job_and_records_none(tmp_p
     with ScriptedServer(bad) as srv:
         p = job(tmp_path, srv.base_url, 60, concurrency=4)
     assert p.returncode == 2 and "every request fails the same way: 20 in a row" in error_lines(p.output)[0]
-    assert p.errors == [] and not (tmp_path / "done.json").exists()
+    assert p.errors == [] and not (tmp_path / "results" / "d" / "inference.done").exists()
     with ScriptedServer(bad) as srv:  # fewer prompts than the streak: still never "exhausted"
         p = job(tmp_path, srv.base_url, 5, concurrency=2)
     assert p.returncode == 2 and "no response from the server for any prompt" in error_lines(p.output)[0]
-    assert p.errors == [] and not (tmp_path / "done.json").exists()
+    assert p.errors == [] and not (tmp_path / "results" / "d" / "inference.done").exists()
     with ScriptedServer(lambda body, n: sse(answer_words(3))) as srv:  # fixed: everything is asked
         p = job(tmp_path, srv.base_url, 5, concurrency=2)
     assert p.returncode == 0 and len(p.records) == 5
@@ -206,28 +196,24 @@ def test_a_permanent_error_holds_only_under_the_settings_that_produced_it(tmp_pa
             words = " ".join(["word"] * (40 if i % 3 == 0 else 2))
             f.write(json.dumps({"id": f"p{i}", "prompt": f"{words} {i}"}) + "\n")
     srv = server("--context-limit", "100", "--mean-tokens", "5")
-    base = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "d",
-            "--prompts", str(tmp_path / "prompts.jsonl"), "--journal", str(tmp_path / "j.jsonl"),
-            "--errors", str(tmp_path / "errors.jsonl"), "--done", str(tmp_path / "done.json"),
-            "--base-url", srv.base_url, "--model", "mock-model", "--budget", "1000000"]
-
     def run(max_tokens):
-        p = subprocess.run(base + ["--max-tokens", str(max_tokens)], capture_output=True, text=True, timeout=120)
+        p = subprocess.run(job_cmd(tmp_path, srv.base_url, max_tokens=max_tokens), capture_output=True, text=True,
+                           timeout=120)
         return p.stdout + p.stderr, p.returncode
 
     out, rc = run(80)
     assert rc == 0, out[-3000:]
-    errors = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    errors = [json.loads(x) for x in (tmp_path / "results" / "d" / "errors.jsonl").read_text().splitlines()]
     failed = {e["id"] for e in errors}
     assert failed == {f"p{i}" for i in range(0, 12, 3)} and all(e["params"]["max_tokens"] == 80 for e in errors)
-    assert json.load(open(tmp_path / "done.json"))["state"] == "exhausted"
+    assert json.load(open(tmp_path / "results" / "d" / "inference.done"))["state"] == "exhausted"
     requests = json.loads(__import__("httpx").get(srv.base_url[:-3] + "/stats").text)["requests"]
     out, rc = run(80)  # same settings: nothing asked again
     assert rc == 0 and "4 failed permanently earlier" in out
     assert json.loads(__import__("httpx").get(srv.base_url[:-3] + "/stats").text)["requests"] == requests
     out, rc = run(20)  # lower max_tokens: the four fit now and are asked again
     assert rc == 0 and "4 failed earlier under other settings (asked again)" in out, out[-3000:]
-    journaled = {json.loads(x)["id"] for x in (tmp_path / "j.jsonl").read_text().splitlines()}
+    journaled = {json.loads(x)["id"] for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}
     assert journaled == {f"p{i}" for i in range(12)}
 
 
@@ -257,12 +243,14 @@ def test_fsync_failure_fails_the_job_in_one_line(tmp_path, server, monkeypatch):
 
     t0 = time.monotonic()
     with ScriptedServer(answer) as srv:
-        s = inference.Settings(dataset="d", prompts=str(tmp_path / "prompts.jsonl"),
-                               journal=str(tmp_path / "j.jsonl"), errors=str(tmp_path / "e.jsonl"),
-                               done=str(tmp_path / "done.json"), budget=10**6, base_url=srv.base_url,
-                               model="mock-model", max_tokens=500, concurrency=4, progress_interval_s=0.2)
+        from budgetgen.settings import InferenceSettings, load_config
+
+        config = load_config(write_job_config(tmp_path, srv.base_url, max_tokens=500, concurrency=4,
+                                              progress_interval_s=0.2))
+        monkeypatch.chdir(tmp_path)
+        s = InferenceSettings.from_config(config, "d")
         monkeypatch.setattr(os, "fsync", failing_fsync)
         with pytest.raises(UserError, match="cannot sync journal"):
-            inference.run(s, log=lambda msg: None)
+            inference.run(s)
     # failed at the first tick after the quick responses, not when the long streams ended (20 s)
-    assert time.monotonic() - t0 < 10 and not (tmp_path / "done.json").exists()
+    assert time.monotonic() - t0 < 10 and not (tmp_path / "results" / "d" / "inference.done").exists()

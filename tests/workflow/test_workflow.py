@@ -104,15 +104,12 @@ def test_met_journal_is_finalized_without_inference_job(tmp_path, server, tiny_t
     src = tmp_path / "src"
     src.mkdir()
     import subprocess
-    import sys
 
-    from support import REPO
+    from support.jobs import job_cmd
 
-    cmd = [sys.executable, str(REPO / "scripts" / "run_inference.py"), "--dataset", "M", "--prompts",
-           str(wf.path("prompts", "M.jsonl")), "--journal", str(src / "j.jsonl"), "--errors", str(src / "e.jsonl"),
-           "--done", str(src / "done"), "--budget", "300", "--base-url", srv.base_url, "--model", "mock-model"]
+    cmd = job_cmd(src, srv.base_url, dataset="M", prompts=wf.path("prompts", "M.jsonl"), budget=300, max_tokens=256)
     subprocess.run(cmd, check=True, capture_output=True)
-    shutil.copy(src / "j.jsonl", wf.path("results", "M", "journal.jsonl"))
+    shutil.copy(src / "results" / "M" / "journal.jsonl", wf.path("results", "M", "journal.jsonl"))
     requests = server_stats(srv)["requests"]
     out = wf.run("--cores", "2", "all").output
     assert "rule inference" not in out and not wf.path("logs", "inference", "M.log").exists()

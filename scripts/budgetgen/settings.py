@@ -1,0 +1,181 @@
+"""Settings, built once from the validated config (its defaults come only from the schema).
+
+`load_config(path)` validates a config file against schemas/config.schema.yaml and fills the schema's
+defaults, as the Snakefile does with the config Snakemake loaded; everything else here takes such a
+validated config. Entry points get their settings from Snakemake (`snakemake.config`) or from
+`--config FILE --dataset D`, never from defaults of their own.
+
+- generation_setting(config, D, key): a dataset's own value, else the `generation` section's.
+- CONTENT_GENERATION_KEYS: the settings that change what a dataset's data is; they are the inference
+  rule's rerun trigger (content_settings), part of config_sha256, and, as request params, in every
+  journal record.
+- DatasetPaths: where one dataset's files live (relative to the working directory).
+- InferenceSettings.from_config(config, D): everything one inference job needs.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+from .errors import UserError
+from .params import request_params
+
+SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "schemas", "config.schema.yaml")
+
+# Settings that change what a dataset's data is (not how fast or how robustly it is made).
+CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body")
+# Tokenizer settings that change the rows (processes only changes the speed).
+CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
+                          "trust_remote_code", "reasoning_tags", "max_skipped_pct")
+
+
+def load_config(path):
+    """A config file, validated and with the schema's defaults filled in; one line on any problem."""
+    import yaml
+
+    from .configcheck import duplicate_key, schema_error
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    problem = duplicate_key(path) or schema_error(config, SCHEMA)
+    if problem:
+        raise UserError(problem)
+    from snakemake.utils import validate
+
+    validate(config, SCHEMA, set_default=True)
+    return config
+
+
+def generation_setting(config, dataset, key):
+    """A generation setting of one dataset: its own override, else the `generation` default."""
+    own = config["datasets"][dataset]
+    return own[key] if key in own else config["generation"].get(key)
+
+
+def token_budget(config, dataset):
+    return int(generation_setting(config, dataset, "token_budget"))
+
+
+def dataset_request_params(config, dataset):
+    """The request params the dataset's inference job sends (and journals with every response)."""
+    g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
+    return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"))
+
+
+def content_settings(config, dataset):
+    """What makes the dataset's data what it is: the model, the content generation settings, the
+    tokenizer settings that change rows. Changing any of these changes the data."""
+    return {
+        "model": config["server"]["model"],
+        "generation": {k: generation_setting(config, dataset, k) for k in CONTENT_GENERATION_KEYS},
+        "tokenizer": {k: config["tokenizer"].get(k) for k in CONTENT_TOKENIZER_KEYS},
+    }
+
+
+def sha256_json(obj):
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_sha256(config, dataset):
+    """Hash of the dataset's content settings, recorded in its tokenized.arrow."""
+    return sha256_json(content_settings(config, dataset))
+
+
+@dataclass(frozen=True)
+class DatasetPaths:
+    """One dataset's files. The journal and errors.jsonl are never Snakemake outputs: Snakemake deletes
+    declared outputs of failed or killed jobs, and the journal is the GPU time already paid for."""
+
+    dataset: str
+    prompts: str
+    journal: str
+    errors: str
+    status: str
+    done: str
+    raw_responses: str
+    tokenized: str
+    inference_log: str
+    server_log: str
+
+    @classmethod
+    def of(cls, config, dataset):
+        own = config["datasets"][dataset]
+        base = f"results/{dataset}"
+        prompts = f"{base}/prompts.jsonl" if own.get("source") is not None else own["prompts"]
+        return cls(dataset=dataset, prompts=prompts, journal=f"{base}/journal.jsonl", errors=f"{base}/errors.jsonl",
+                   status=f"{base}/budget_status.json", done=f"{base}/inference.done",
+                   raw_responses=f"{base}/raw_responses.jsonl", tokenized=f"{base}/tokenized.arrow",
+                   inference_log=f"logs/inference/{dataset}.log", server_log=f"logs/server/{dataset}.log")
+
+
+@dataclass(frozen=True)
+class InferenceSettings:
+    """Everything one inference job needs, from the config (see the schema for each key)."""
+
+    paths: DatasetPaths
+    budget: int
+    urls: tuple  # server.base_url as a list; empty with server.launch
+    model: str
+    api_key_env: str | None
+    max_tokens: int
+    concurrency: int
+    temperature: float | None
+    top_p: float | None
+    seed: int
+    extra_body: dict
+    on_bad_line: str
+    request_timeout_s: float
+    max_retries: int
+    unreachable_deadline_s: float
+    startup_wait_s: float
+    progress_interval_s: float
+    return_token_ids: bool | str  # False, "vllm" or "sglang"
+    continuous_usage_stats: bool
+    endpoint_concurrency: int
+    endpoint_recheck_s: float
+    launch: str | None
+    model_path: str | None
+    launch_port: int
+    launch_ready_timeout_s: float
+
+    @classmethod
+    def from_config(cls, config, dataset, slots=None):
+        """slots: the server_slots Snakemake granted the job; in flight = the lower of it and the
+        dataset's concurrency (the job says so when it is lower)."""
+        server = config["server"]
+        g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
+        urls = server.get("base_url") or []
+        api = server["return_token_ids"]
+        concurrency = int(g("concurrency"))
+        if slots is not None:
+            concurrency = min(concurrency, int(slots))
+        return cls(
+            paths=DatasetPaths.of(config, dataset), budget=token_budget(config, dataset),
+            urls=tuple([urls] if isinstance(urls, str) else urls), model=server["model"],
+            api_key_env=server.get("api_key_env"), max_tokens=int(g("max_tokens")), concurrency=concurrency,
+            temperature=g("temperature"), top_p=g("top_p"), seed=int(g("seed")), extra_body=dict(g("extra_body") or {}),
+            on_bad_line=g("on_bad_line"), request_timeout_s=float(server["request_timeout_s"]),
+            max_retries=int(server["max_retries"]), unreachable_deadline_s=float(server["unreachable_deadline_s"]),
+            startup_wait_s=float(server["startup_wait_s"]), progress_interval_s=float(server["progress_interval_s"]),
+            return_token_ids=("vllm" if api is True else api) or False,
+            continuous_usage_stats=bool(server["continuous_usage_stats"]),
+            endpoint_concurrency=int(server["endpoint_concurrency"]),
+            endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
+            model_path=server.get("model_path"), launch_port=int(server["launch_port"]),
+            launch_ready_timeout_s=float(server["launch_ready_timeout_s"]),
+        )
+
+    @property
+    def dataset(self):
+        return self.paths.dataset
+
+    def request_params(self):
+        """The request parameters that affect content; recorded with every response and error."""
+        return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
