@@ -3,7 +3,8 @@
 One module per concern:
   errors       UserError, the one-line error every entry point prints
   fsutil       atomic writes
-  configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors)
+  configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
+  settings     typed settings built once from the validated config (defaults only from the schema)
   params       the request parameters that affect content, as journaled with every record
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl

@@ -380,6 +380,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "use_server_token_ids": True,
         "server_id_rows": 0,
         "trust_remote_code": False,
+        "reasoning_tags": None,
         "config_sha256": None,
         "rows": 38,
         "skipped": {NO_SUPERVISED_TOKENS: 2},
