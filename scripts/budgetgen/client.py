@@ -127,6 +127,96 @@ def _error_message(body):
         return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
 
 
+class StreamedResponse:
+    """One streamed chat completion as its chunks arrive: text, reasoning, ids, usage, finish reason,
+    and the tokens reported to on_token (see the module docstring); result() checks it is whole."""
+
+    def __init__(self, url, want_ids, token_rate, on_token):
+        self.url, self.want_ids, self.token_rate, self.on_token = url, want_ids, token_rate, on_token
+        self.content, self.reasoning, self.token_ids = [], [], []
+        self.prompt_ids = self.sglext_ids = None
+        self.finish, self.usage, self.model = None, None, ""
+        self.events = self.counted = self.chars = 0
+
+    def feed(self, chunk, data):
+        if "error" in chunk and not chunk.get("choices"):
+            self._error(chunk, data)
+        self.model = chunk.get("model") or self.model
+        if self.want_ids:
+            self._ids(chunk)
+        chunk_usage = chunk.get("usage")
+        if chunk_usage:
+            self.usage = chunk_usage
+        n_ids = n_chars = 0
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            piece = delta.get("content")
+            think = delta.get("reasoning_content") or delta.get("reasoning")
+            if piece:
+                self.content.append(piece)
+                n_chars += len(piece)
+            if think:
+                self.reasoning.append(think)
+                n_chars += len(think)
+            if self.want_ids and choice.get("prompt_token_ids"):
+                self.prompt_ids = choice["prompt_token_ids"]
+            ids = choice.get("token_ids")
+            if ids:
+                self.token_ids.extend(ids)
+                n_ids += len(ids)
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+        if n_chars or n_ids:
+            self.events += 1
+            self.chars += n_chars
+        if self.on_token is not None:
+            # tokens so far: the server's own count, else the ids, else the text's estimate
+            if chunk_usage and chunk_usage.get("completion_tokens") is not None:
+                n = int(chunk_usage["completion_tokens"]) - self.counted
+            elif n_ids:
+                n = n_ids
+            else:
+                n = self.token_rate.tokens_in(n_chars) if n_chars else 0
+            if n > 0:
+                self.counted += n
+                self.on_token(n)
+
+    def _error(self, chunk, data):
+        """An error object inside the stream, classified by its code like an HTTP status."""
+        status, msg = error_status(chunk), _error_message(data)
+        if status in (401, 403):
+            raise ServerRefused(f"server at {self.url} refused the API key (HTTP {status}: {msg})")
+        if status is not None and not is_transient_status(status) and 400 <= status < 500:
+            raise PermanentError(status, msg)
+        raise TransientError(f"server error mid-stream: {msg}")
+
+    def _ids(self, chunk):
+        if chunk.get("prompt_token_ids"):  # vLLM: on the first chunk
+            self.prompt_ids = chunk["prompt_token_ids"]
+        ext = chunk.get("sglext")  # SGLang: one final response-level chunk
+        if isinstance(ext, dict):
+            self.prompt_ids = ext.get("input_ids") or self.prompt_ids
+            out = ext.get("output_ids")
+            if out and isinstance(out[0], list):
+                self.sglext_ids = out[0]
+
+    def result(self):
+        if self.finish is None:
+            raise TransientError("stream ended without finish_reason")
+        if self.finish not in COMPLETE_FINISH_REASONS:
+            raise TransientError(f"finish_reason {self.finish}: the server ended the response early")
+        if not self.usage or "completion_tokens" not in self.usage:
+            # A server that omits usage would make the budget a guess: every request would fail the same way.
+            raise ServerRefused(f"server at {self.url} sent no usage.completion_tokens in its stream (budgetgen "
+                                "needs stream_options.include_usage, as SGLang and vLLM send it)")
+        self.token_rate.observe(self.chars, int(self.usage.get("completion_tokens") or 0))
+        reasoning = "".join(self.reasoning)
+        return ChatResult(content="".join(self.content), reasoning=reasoning if reasoning.strip() else "",
+                          finish_reason=self.finish, usage=self.usage, streamed_tokens=self.events, model=self.model,
+                          token_ids=(self.sglext_ids or self.token_ids or None) if self.want_ids else None,
+                          prompt_token_ids=self.prompt_ids if self.want_ids else None)
+
+
 class TokenRate:
     """Characters per token of the responses finished so far, to count tokens from text when a
     server sends neither per-chunk usage nor token ids. Until enough is seen, a low prior (more
@@ -159,6 +249,67 @@ class _Stream:
         self.task, self.ep, self.last = task, ep, now
         self.got_first = False
         self.timed_out = None  # the reason, once the watchdog cancelled it
+
+
+class StreamWatchdog:
+    """Times out streams (see the module docstring): silence after the first byte for timeout_s
+    cancels a stream; before its first byte a stream waits while its endpoint is alive (a byte on any
+    of its streams within timeout_s, else GET /models answers: `probe(ep)`). One task per client,
+    about a tick a second; per line a stream only notes the time (_Stream.last)."""
+
+    def __init__(self, timeout_s, probe):
+        self.timeout_s = timeout_s
+        self.probe = probe
+        self.streams = set()
+        self.task = None
+
+    def watch(self, ep):
+        """Register the current task's stream on ep; starts the watchdog on first use."""
+        if self.task is None:
+            self.task = asyncio.create_task(self._run())
+        st = _Stream(asyncio.current_task(), ep, time.monotonic())
+        self.streams.add(st)
+        return st
+
+    def forget(self, st):
+        self.streams.discard(st)
+
+    def close(self):
+        if self.task:
+            self.task.cancel()
+
+    async def _run(self):
+        tick = max(0.05, min(1.0, self.timeout_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for st in list(self.streams):
+                if st.timed_out or now - st.last <= self.timeout_s:
+                    continue
+                if st.got_first:
+                    self._time_out(st, f"no data for {self.timeout_s:g} s")
+                    continue
+                ep = st.ep
+                if now - ep.last_byte <= self.timeout_s:
+                    continue  # queued in a server that is streaming to others: keep waiting
+                if ep.probing is None:
+                    ep.probing = asyncio.create_task(self._probe_alive(ep))
+
+    async def _probe_alive(self, ep):
+        try:
+            await self.probe(ep)
+            ep.last_byte = time.monotonic()  # it answers: alive, its queued requests keep waiting
+        except UserError as exc:
+            for st in list(self.streams):
+                if st.ep is ep and not st.got_first and not st.timed_out:
+                    self._time_out(st, f"no first byte in {self.timeout_s:g} s and the server does not answer ({exc})")
+        finally:
+            ep.probing = None
+
+    @staticmethod
+    def _time_out(st, reason):
+        st.timed_out = reason
+        st.task.cancel()
 
 
 class ServerUnreachable(UserError):
@@ -263,8 +414,7 @@ class ChatClient:
         self.http = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
         self.continuous_usage_stats = continuous_usage_stats
         self.token_rate = TokenRate()
-        self.streams = set()
-        self.watchdog = None
+        self.watchdog = StreamWatchdog(self.timeout_s, self.check_endpoint)
 
     @property
     def last_byte(self):
@@ -272,45 +422,9 @@ class ChatClient:
         return max(e.last_byte for e in self.pool.endpoints)
 
     async def aclose(self):
-        if self.watchdog:
-            self.watchdog.cancel()
+        self.watchdog.close()
         self.pool.close()
         await self.http.aclose()
-
-    async def _watch(self):
-        """Cancel streams silent for timeout_s after their first byte; before it, only when the
-        endpoint is not alive (no byte on any of its streams for timeout_s and GET /models fails)."""
-        tick = max(0.05, min(1.0, self.timeout_s / 4))
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            for st in list(self.streams):
-                if st.timed_out or now - st.last <= self.timeout_s:
-                    continue
-                if st.got_first:
-                    self._time_out(st, f"no data for {self.timeout_s:g} s")
-                    continue
-                ep = st.ep
-                if now - ep.last_byte <= self.timeout_s:
-                    continue  # queued in a server that is streaming to others: keep waiting
-                if ep.probing is None:
-                    ep.probing = asyncio.create_task(self._probe_alive(ep))
-
-    async def _probe_alive(self, ep):
-        try:
-            await self.check_endpoint(ep)
-            ep.last_byte = time.monotonic()  # it answers: alive, its queued requests keep waiting
-        except UserError as exc:
-            for st in list(self.streams):
-                if st.ep is ep and not st.got_first and not st.timed_out:
-                    self._time_out(st, f"no first byte in {self.timeout_s:g} s and the server does not answer ({exc})")
-        finally:
-            ep.probing = None
-
-    @staticmethod
-    def _time_out(st, reason):
-        st.timed_out = reason
-        st.task.cancel()
 
     @property
     def urls(self):
@@ -369,10 +483,7 @@ class ChatClient:
     async def chat(self, messages, params, on_token=None, return_token_ids=False):
         """Stream one chat completion on the least-loaded endpoint; see _chat."""
         ep = await self.pool.acquire()
-        if self.watchdog is None:
-            self.watchdog = asyncio.create_task(self._watch())
-        st = _Stream(asyncio.current_task(), ep, time.monotonic())
-        self.streams.add(st)
+        st = self.watchdog.watch(ep)
         try:
             return await self._chat(ep, st, messages, params, on_token, return_token_ids)
         except asyncio.CancelledError:
@@ -385,7 +496,7 @@ class ChatClient:
                 self.pool.take_out(ep, str(exc), self.check_endpoint)
             raise
         finally:
-            self.streams.discard(st)
+            self.watchdog.forget(st)
             await self.pool.release(ep)
 
     async def _chat(self, ep, st, messages, params, on_token=None, return_token_ids=False):
@@ -413,11 +524,7 @@ class ChatClient:
         elif return_token_ids:
             body["return_token_ids"] = True
         url = f"{ep.base_url}/chat/completions"
-        prompt_ids = sgl_output_ids = None
-        content, reasoning, token_ids = [], [], []
-        finish, usage, streamed, model = None, None, 0, ""
-        counted = 0  # tokens reported to on_token so far
-        chars = 0
+        out = StreamedResponse(url, bool(return_token_ids), self.token_rate, on_token)
         monotonic, loads = time.monotonic, json.loads
         try:
             async with self.http.stream("POST", url, json=body) as resp:
@@ -444,76 +551,8 @@ class ChatClient:
                         chunk = loads(data)
                     except ValueError:
                         raise TransientError(f"malformed stream chunk from {url}") from None
-                    if "error" in chunk and not chunk.get("choices"):
-                        status = error_status(chunk)
-                        msg = _error_message(data)
-                        if status in (401, 403):
-                            raise ServerRefused(f"server at {url} refused the API key (HTTP {status}: {msg})")
-                        if status is not None and not is_transient_status(status) and 400 <= status < 500:
-                            raise PermanentError(status, msg)
-                        raise TransientError(f"server error mid-stream: {msg}")
-                    model = chunk.get("model") or model
-                    if return_token_ids:
-                        if chunk.get("prompt_token_ids"):
-                            prompt_ids = chunk["prompt_token_ids"]
-                        ext = chunk.get("sglext")
-                        if isinstance(ext, dict):
-                            prompt_ids = ext.get("input_ids") or prompt_ids
-                            out = ext.get("output_ids")
-                            if out and isinstance(out[0], list):
-                                sgl_output_ids = out[0]
-                    chunk_usage = chunk.get("usage")
-                    if chunk_usage:
-                        usage = chunk_usage
-                    n_ids = n_chars = 0
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        piece = delta.get("content")
-                        think = delta.get("reasoning_content") or delta.get("reasoning")
-                        if piece:
-                            content.append(piece)
-                            n_chars += len(piece)
-                        if think:
-                            reasoning.append(think)
-                            n_chars += len(think)
-                        if return_token_ids and choice.get("prompt_token_ids"):
-                            prompt_ids = choice["prompt_token_ids"]
-                        ids = choice.get("token_ids")
-                        if ids:
-                            token_ids.extend(ids)
-                            n_ids += len(ids)
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
-                    if n_chars or n_ids:
-                        streamed += 1
-                        chars += n_chars
-                    if on_token is not None:
-                        # tokens so far: the server's own count, else the ids, else the text's estimate
-                        if chunk_usage and chunk_usage.get("completion_tokens") is not None:
-                            n = int(chunk_usage["completion_tokens"]) - counted
-                        elif n_ids:
-                            n = n_ids
-                        elif n_chars:
-                            n = self.token_rate.tokens_in(n_chars)
-                        else:
-                            n = 0
-                        if n > 0:
-                            counted += n
-                            on_token(n)
+                    out.feed(chunk, data)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None
-        if finish is None:
-            raise TransientError("stream ended without finish_reason")
-        if finish not in COMPLETE_FINISH_REASONS:
-            raise TransientError(f"finish_reason {finish}: the server ended the response early")
-        if not usage or "completion_tokens" not in usage:
-            # A server that omits usage would make the budget a guess: every request would fail the same way.
-            raise ServerRefused(f"server at {url} sent no usage.completion_tokens in its stream (budgetgen needs "
-                                "stream_options.include_usage, as SGLang and vLLM send it)")
-        self.token_rate.observe(chars, int(usage.get("completion_tokens") or 0))
-        reasoning_text = "".join(reasoning)
-        return ChatResult(content="".join(content), reasoning=reasoning_text if reasoning_text.strip() else "",
-                          finish_reason=finish, usage=usage, streamed_tokens=streamed, model=model,
-                          token_ids=(sgl_output_ids or token_ids or None) if return_token_ids else None,
-                          prompt_token_ids=prompt_ids if return_token_ids else None)
+        return out.result()
