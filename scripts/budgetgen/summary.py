@@ -6,7 +6,8 @@ from . import journal, prompts
 from .state import budget_state, prompts_left
 
 COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
-           "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows"]
+           "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows",
+           "tokenize_skipped"]
 
 
 def percentile(sorted_values, q):
@@ -30,19 +31,25 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
     tokens = sum(lengths)
     lengths.sort()
     status = budget_state(tokens, budget, exhausted=prompts_left(prompt_ids, answered, errored) == 0)
-    rows = ""
+    rows, skipped = "", ""
     if tokenized_path and os.path.exists(tokenized_path):
+        import json
+
         import pyarrow as pa
 
         with pa.memory_map(tokenized_path) as src:
-            rows = sum(b.num_rows for b in pa.ipc.open_stream(src))
+            reader = pa.ipc.open_stream(src)
+            meta = json.loads((reader.schema.metadata or {}).get(b"budgetgen", b"{}"))
+            rows = sum(b.num_rows for b in reader)
+        # records tokenize could not make into rows, per reason (tokenization's skip reasons)
+        skipped = ";".join(f"{k}={v}" for k, v in sorted((meta.get("skipped") or {}).items())) or "0"
     n = len(lengths)
     return {
         "dataset": dataset, "prompts": n_prompts, "responses": n, "completion_tokens": tokens,
         "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
         "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
         "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",
-        "errors": errors, "tokenized_rows": rows,
+        "errors": errors, "tokenized_rows": rows, "tokenize_skipped": skipped,
     }
 
 

@@ -50,6 +50,7 @@ def test_full_run_then_nothing_to_do(tmp_path, server, tiny_tokenizer):
     header = summary[0].split("\t")
     rows = {r.split("\t")[0]: dict(zip(header, r.split("\t"))) for r in summary[1:]}
     assert rows["A"]["status"] == "met" and rows["B"]["status"] == "exhausted"
+    assert rows["A"]["tokenize_skipped"] == rows["B"]["tokenize_skipped"] == "0"  # skips per reason, none
     assert int(rows["B"]["responses"]) == 12
     log = wf.path("logs", "inference", "A.log").read_text()
     assert "Resuming: 0 already done (0 tokens)" in log and "progress:" in log and "ETA" in log
