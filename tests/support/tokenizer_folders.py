@@ -43,6 +43,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from budgetgen_testkit.tiny_tokenizer import train_bpe  # the byte-level BPE the tiny tokenizer uses
+
 CORPUS = [
     "Explain binary search with an example in Python. Write a Rust function that demonstrates hash maps. "
     "What are common mistakes with TCP handshakes? Compare two approaches to garbage collection in Go. "
@@ -360,11 +362,6 @@ def build_kimi_like(path, *, corpus=None, n_merges=400, think_prefill=False):
 # ---------------------------------------------------------------------------------------------------------
 # Fast (tokenizers) folders: Gemma-style and Phi-3-style.
 
-_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
 _CONTENT = (
     "{%- if m['content'] is string -%}{%- set text = m['content'] -%}"
     "{%- else -%}{%- set ns.text = '' -%}"
@@ -421,35 +418,13 @@ PHI3_TEMPLATE = (
 )
 
 
-def _train_fast(texts, vocab_size, specials):
-    """A byte-level BPE `tokenizers.Tokenizer` trained on texts, `specials` first (ids 0..)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(specials),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(texts), trainer=trainer)
-    return tok
-
-
 def build_gemma_like(path, *, corpus=None, vocab_size=640):
     """Write a Gemma-3-style fast tokenizer folder at `path`; return its Path (see the module docstring)."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     out = Path(path)
-    backend = _train_fast((corpus or CORPUS) * CORPUS_REPEAT, vocab_size, GEMMA_SPECIALS)
+    backend = train_bpe((corpus or CORPUS) * CORPUS_REPEAT, vocab_size, GEMMA_SPECIALS)
     bos_id = backend.token_to_id("<bos>")
     backend.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos_id)]
@@ -477,7 +452,7 @@ def build_phi3_like(path, *, corpus=None, vocab_size=640):
     from transformers import PreTrainedTokenizerFast
 
     out = Path(path)
-    backend = _train_fast((corpus or CORPUS) * CORPUS_REPEAT, vocab_size, PHI3_BASE_SPECIALS)
+    backend = train_bpe((corpus or CORPUS) * CORPUS_REPEAT, vocab_size, PHI3_BASE_SPECIALS)
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in PHI3_ADDED])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
