@@ -179,3 +179,37 @@ class InferenceSettings:
     def request_params(self):
         """The request parameters that affect content; recorded with every response and error."""
         return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """Everything one tokenize job needs, from the config (the tokenizer section; the dataset's
+    chat_template_kwargs only for records that carry no request params of their own)."""
+
+    paths: DatasetPaths
+    tokenizer: str
+    max_length: int
+    processes: int
+    allow_mixed_settings: bool
+    use_server_token_ids: bool
+    trust_remote_code: bool
+    reasoning_tags: tuple | None
+    max_skipped_pct: float
+    chat_template_kwargs: dict
+    config_sha256: str
+
+    @classmethod
+    def from_config(cls, config, dataset, processes=None):
+        """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
+        t = config["tokenizer"]
+        extra_body = generation_setting(config, dataset, "extra_body") or {}
+        return cls(
+            paths=DatasetPaths.of(config, dataset), tokenizer=t["path"], max_length=int(t["max_length"]),
+            processes=int(processes if processes is not None else t["processes"]),
+            allow_mixed_settings=bool(t["allow_mixed_settings"]), use_server_token_ids=bool(t["use_server_token_ids"]),
+            trust_remote_code=bool(t["trust_remote_code"]),
+            reasoning_tags=tuple(t["reasoning_tags"]) if t.get("reasoning_tags") else None,
+            max_skipped_pct=float(t["max_skipped_pct"]),
+            chat_template_kwargs=dict(extra_body.get("chat_template_kwargs") or {}),
+            config_sha256=config_sha256(config, dataset),
+        )

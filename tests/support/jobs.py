@@ -34,7 +34,7 @@ class JobFiles:
 
 
 def write_job_config(workdir, base_url=None, dataset="d", prompts=None, budget=10**6, model="mock-model",
-                     **settings):
+                     tokenizer="unused", **settings):
     """config.yaml in workdir for one dataset (prompts: workdir/prompts.jsonl unless given); settings go
     to `generation` or `server` by name."""
     prompts = prompts if prompts is not None else Path(workdir) / "prompts.jsonl"
@@ -44,7 +44,7 @@ def write_job_config(workdir, base_url=None, dataset="d", prompts=None, budget=1
     generation = {"token_budget": budget}
     for key, value in settings.items():
         (generation if key in GENERATION_KEYS else server)[key] = value
-    config = {"server": server, "generation": generation, "tokenizer": {"path": "unused"},
+    config = {"server": server, "generation": generation, "tokenizer": {"path": str(tokenizer)},
               "datasets": {dataset: {"prompts": str(prompts)}}}
     path = Path(workdir) / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))

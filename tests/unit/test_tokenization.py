@@ -432,7 +432,8 @@ def test_more_skipped_than_max_skipped_pct_fails_naming_reason_and_first_id(tmp_
     assert not out.exists()
     stats = tokenize_file(str(raw), str(out), tok_dirs["chatml"], 256, log=lambda m: None, max_skipped_pct=20)
     assert stats["rows"] == 8 and out.exists()
-    proc = run_cli("--input", str(raw), "--output", str(out), "--tokenizer", tok_dirs["chatml"], "--max-length", "256")
+    work = cli_workdir(tmp_path / "cli", raw, tok_dirs["chatml"], max_length=256)  # the default: 1 %
+    proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ") \
         and "first id 'p003'" in proc.stderr
 
@@ -516,25 +517,46 @@ def run_cli(*args):
                           timeout=120)
 
 
+def cli_workdir(work, raw, tokenizer, extra_body=None, **tokenizer_settings):
+    """A working directory whose config has one dataset D, with `raw` as its raw_responses.jsonl."""
+    import shutil
+
+    import yaml
+
+    (work / "results" / "D").mkdir(parents=True)
+    shutil.copy(raw, work / "results" / "D" / "raw_responses.jsonl")
+    (work / "prompts.jsonl").write_text('{"prompt": "x"}\n')
+    config = {"server": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
+              "generation": {"token_budget": 10, "extra_body": extra_body or {}},
+              "tokenizer": {"path": str(tokenizer), **tokenizer_settings},
+              "datasets": {"D": {"prompts": "prompts.jsonl"}}}
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    return work
+
+
 def test_cli(tmp_path, raw_file, tok_dirs):
-    assert "--chat-template-kwargs" in run_cli("--help").stdout
-    out = tmp_path / "tok.arrow"
-    proc = run_cli("--input", raw_file, "--output", str(out), "--tokenizer", tok_dirs["qwen3_strip"],
-                   "--max-length", "256", "--chat-template-kwargs", '{"enable_thinking": true}',
-                   "--max-skipped-pct", "5")
+    """--config FILE --dataset D: every setting from the config (tokenizer section, the dataset's
+    chat_template_kwargs for records without params of their own)."""
+    assert "--config" in run_cli("--help").stdout
+    work = cli_workdir(tmp_path / "a", raw_file, tok_dirs["qwen3_strip"], {"chat_template_kwargs": {
+        "enable_thinking": True}}, max_length=256, max_skipped_pct=5)
+    proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
-    _, meta = read_stream(str(out))
+    _, meta = read_stream(str(work / "results" / "D" / "tokenized.arrow"))
     assert meta["max_length"] == 256 and meta["chat_template_kwargs"] == {"enable_thinking": True}
+    assert len(meta["config_sha256"]) == 64
 
-    proc = run_cli("--input", raw_file, "--output", str(out), "--tokenizer", str(tmp_path / "missing"),
-                   "--max-length", "256")
+    work = cli_workdir(tmp_path / "b", raw_file, tmp_path / "missing", max_length=256)
+    proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: tokenizer {tmp_path / 'missing'}: no such folder"]
 
-    proc = run_cli("--input", raw_file, "--output", str(out), "--tokenizer", tok_dirs["chatml"],
-                   "--max-length", "256", "--chat-template-kwargs", "[1]")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --chat-template-kwargs")
+    proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "nope", "-d", str(work))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --dataset nope: not a dataset of")
+    (work / "config.yaml").write_text((work / "config.yaml").read_text().replace("max_length: 256", "max_length: 0"))
+    proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: config key tokenizer.max_length: 0 is less than the minimum of 1"
 
 
 def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs):
