@@ -60,7 +60,7 @@ def current_params_sha(dataset):
 
 
 def chat_template_kwargs(dataset):
-    return (generation_setting(dataset, "extra_body") or {}).get("chat_template_kwargs") or {}
+    return settings.chat_template_kwargs(config, dataset)
 
 
 for _problem in (configcheck.config_problem(config), configcheck.api_key_warning(config, os.environ)):

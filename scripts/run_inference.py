@@ -12,21 +12,16 @@ when the budget is met or the prompts are exhausted.
 
 import argparse
 import logging
-import os
 import sys
 
-from budgetgen.errors import UserError, entry_point
+from budgetgen.errors import entry_point
 from budgetgen.inference import run
-from budgetgen.settings import InferenceSettings, generation_setting, load_config
+from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config, generation_setting
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
-    ap.add_argument("--dataset", required=True, help="a dataset of the config")
-    ap.add_argument("--directory", "-d", default=None,
-                    help="working directory: the paths of the config (results/D/..., prompts) are relative to it, "
-                         "as with snakemake -d (default: the current directory)")
+    add_dataset_arguments(ap)
     ap.add_argument("--server-slots", type=int, default=None,
                     help="the server_slots Snakemake granted this job (--resources server_slots=N caps it); "
                          "in flight = the lower of it and the dataset's concurrency, said at start")
@@ -46,12 +41,7 @@ def setup_logging():
 def main(argv=None, config=None):
     a = parse_args(argv)
     setup_logging()
-    config = config if config is not None else load_config(os.path.abspath(a.config))
-    if a.directory:
-        os.chdir(a.directory)
-    if a.dataset not in config["datasets"]:
-        raise UserError(f"--dataset {a.dataset}: not a dataset of {a.config} "
-                        f"(datasets: {', '.join(sorted(config['datasets']))})")
+    config = dataset_config(a, config)
     settings = InferenceSettings.from_config(config, a.dataset, slots=a.server_slots)
     configured = int(generation_setting(config, a.dataset, "concurrency"))
     if settings.concurrency < configured:

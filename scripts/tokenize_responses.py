@@ -10,18 +10,14 @@ Named so as not to shadow the stdlib `tokenize` module.
 """
 
 import argparse
-import os
 
 from budgetgen.errors import UserError, entry_point
-from budgetgen.settings import TokenizeSettings, load_config
+from budgetgen.settings import TokenizeSettings, add_dataset_arguments, dataset_config
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
-    ap.add_argument("--dataset", required=True, help="a dataset of the config")
-    ap.add_argument("--directory", "-d", default=None,
-                    help="working directory the config's paths are relative to (as snakemake -d)")
+    add_dataset_arguments(ap)
     ap.add_argument("--processes", type=int, default=None,
                     help="the threads Snakemake granted the job (default: tokenizer.processes)")
     return ap.parse_args(argv)
@@ -29,12 +25,7 @@ def parse_args(argv):
 
 def main(argv=None, config=None):
     a = parse_args(argv)
-    config = config if config is not None else load_config(os.path.abspath(a.config))
-    if a.directory:
-        os.chdir(a.directory)
-    if a.dataset not in config["datasets"]:
-        raise UserError(f"--dataset {a.dataset}: not a dataset of {a.config} "
-                        f"(datasets: {', '.join(sorted(config['datasets']))})")
+    config = dataset_config(a, config)
     if a.processes is not None and a.processes < 1:
         raise UserError(f"--processes must be at least 1, got {a.processes}")
     s = TokenizeSettings.from_config(config, a.dataset, processes=a.processes)

@@ -103,6 +103,8 @@ def config_problem(config):
     exist, and every dataset has a token budget (its own or generation's)."""
     import os
 
+    from .settings import generation_setting
+
     for ds in sorted(config["datasets"]):
         own = config["datasets"][ds]
         source = own.get("source")
@@ -111,7 +113,7 @@ def config_problem(config):
                 return f"config key datasets.{ds}.source.path: not found: {source['path']}"
         elif not os.path.isfile(own["prompts"]):
             return f"config key datasets.{ds}.prompts: file not found: {own['prompts']}"
-        if own.get("token_budget", config["generation"].get("token_budget")) is None:
+        if generation_setting(config, ds, "token_budget") is None:
             return f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
     return None
 

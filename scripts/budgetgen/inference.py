@@ -81,7 +81,6 @@ class RunStats:
         self.retry_kinds = {}
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
         self.errors = 0  # permanent errors of this run
-        self.successes = 0  # responses journaled by this run
         self.rates = Rates()
 
     def retried(self, exc):
@@ -279,7 +278,6 @@ class InferenceJob:
         rs.journaled.tokens += tokens
         rs.journaled.records += 1
         rs.lengths.observe(tokens)
-        self.stats.successes += 1
         self.stats.rates.add(tokens)
         self.errors.success()
 

@@ -13,13 +13,11 @@ validated config. Entry points get their settings from Snakemake (`snakemake.con
 - InferenceSettings.from_config(config, D): everything one inference job needs.
 """
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 
 from .errors import UserError
-from .params import request_params
+from .params import params_sha256, request_params
 
 SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "schemas", "config.schema.yaml")
@@ -53,6 +51,27 @@ def load_config(path):
     return config
 
 
+def add_dataset_arguments(ap):
+    """--config FILE --dataset D [-d DIR]: how an entry point names its dataset's settings."""
+    ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
+    ap.add_argument("--dataset", required=True, help="a dataset of the config")
+    ap.add_argument("--directory", "-d", default=None,
+                    help="working directory: the config's paths (results/D/..., prompts) are relative to it, as with "
+                         "snakemake -d (default: the current directory)")
+
+
+def dataset_config(args, config=None):
+    """The validated config for args (add_dataset_arguments), or `config` as Snakemake hands it over;
+    changes to args.directory; one line if args.dataset is not one of its datasets."""
+    config = config if config is not None else load_config(os.path.abspath(args.config))
+    if args.directory:
+        os.chdir(args.directory)
+    if args.dataset not in config["datasets"]:
+        raise UserError(f"--dataset {args.dataset}: not a dataset of {args.config} "
+                        f"(datasets: {', '.join(sorted(config['datasets']))})")
+    return config
+
+
 def generation_setting(config, dataset, key):
     """A generation setting of one dataset: its own override, else the `generation` default."""
     own = config["datasets"][dataset]
@@ -61,6 +80,11 @@ def generation_setting(config, dataset, key):
 
 def token_budget(config, dataset):
     return int(generation_setting(config, dataset, "token_budget"))
+
+
+def chat_template_kwargs(config, dataset):
+    """The dataset's chat_template_kwargs (its extra_body's): the template switches its requests send."""
+    return dict((generation_setting(config, dataset, "extra_body") or {}).get("chat_template_kwargs") or {})
 
 
 def dataset_request_params(config, dataset):
@@ -79,13 +103,9 @@ def content_settings(config, dataset):
     }
 
 
-def sha256_json(obj):
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def config_sha256(config, dataset):
     """Hash of the dataset's content settings, recorded in its tokenized.arrow."""
-    return sha256_json(content_settings(config, dataset))
+    return params_sha256(content_settings(config, dataset))  # the same stable JSON hash
 
 
 @dataclass(frozen=True)
@@ -202,7 +222,6 @@ class TokenizeSettings:
     def from_config(cls, config, dataset, processes=None):
         """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
         t = config["tokenizer"]
-        extra_body = generation_setting(config, dataset, "extra_body") or {}
         return cls(
             paths=DatasetPaths.of(config, dataset), tokenizer=t["path"], max_length=int(t["max_length"]),
             processes=int(processes if processes is not None else t["processes"]),
@@ -210,6 +229,6 @@ class TokenizeSettings:
             trust_remote_code=bool(t["trust_remote_code"]),
             reasoning_tags=tuple(t["reasoning_tags"]) if t.get("reasoning_tags") else None,
             max_skipped_pct=float(t["max_skipped_pct"]),
-            chat_template_kwargs=dict(extra_body.get("chat_template_kwargs") or {}),
+            chat_template_kwargs=chat_template_kwargs(config, dataset),
             config_sha256=config_sha256(config, dataset),
         )
