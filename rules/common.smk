@@ -63,6 +63,11 @@ def chat_template_kwargs(dataset):
     return settings.chat_template_kwargs(config, dataset)
 
 
+def plan_key(dataset):
+    """The dataset's generation plan (turns, samples per prompt) as its budget status records it."""
+    return settings.generation_plan(config, dataset).key()
+
+
 for _problem in (configcheck.config_problem(config), configcheck.api_key_warning(config, os.environ)):
     if _problem and _problem.startswith("warning:"):
         print(_problem, file=sys.stderr)
@@ -94,7 +99,7 @@ def raw_responses_input(wildcards):
         # no need to wait for the checkpoint: a dry-run on a fresh tree already lists inference
         return [p.done]
     status = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
-    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), current_params_sha(ds), status):
+    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), current_params_sha(ds), status, plan_key(ds)):
         return [p.journal]
     return [p.done]
 
@@ -108,7 +113,7 @@ def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
         rows = [
-            state.status_row(ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts)
+            state.status_row(ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts, plan_key(ds))
             for ds in DATASETS
         ]
         print(state.format_status_table(rows), file=sys.stderr)

@@ -345,26 +345,41 @@ class EndpointPool:
         self.recheck_s = recheck_s
         self.room = asyncio.Condition()
         self.probes = {}  # endpoint -> probe task
+        self.affinity = {}  # affinity key (a conversation) -> the endpoint its requests went to
 
-    def pick(self):
-        """The endpoint the next request goes to, or None if every one is at its cap."""
+    def pick(self, key=None):
+        """The endpoint the next request goes to, or None if every one is at its cap (or, for an
+        affinity key, its own endpoint is: the request waits for room there)."""
+        own = self.affinity.get(key) if key is not None else None
+        if own is not None and own.healthy:
+            return own if own.has_room() else None
         ready = [e for e in self.endpoints if e.has_room()]
         healthy = [e for e in ready if e.healthy]
         pool = healthy or ready
         return min(pool, key=lambda e: e.inflight) if pool else None  # min() keeps config order on ties
 
-    async def acquire(self):
+    async def acquire(self, key=None):
+        """An endpoint for one request. Requests with the same affinity `key` (the turns of one
+        conversation) go to the endpoint the first one went to, whose prefix cache holds their
+        history, while it is healthy; when it is out, to another, which they then stay with."""
         async with self.room:
-            while (ep := self.pick()) is None:
+            while (ep := self.pick(key)) is None:
                 await self.room.wait()
             ep.inflight += 1
             ep.requests += 1
+            if key is not None and len(self.endpoints) > 1:
+                self.affinity[key] = ep
             return ep
+
+    def forget(self, key):
+        """The conversation `key` is finished: no endpoint to keep for it."""
+        self.affinity.pop(key, None)
 
     async def release(self, ep):
         async with self.room:
             ep.inflight -= 1
-            self.room.notify()
+            # every waiter: one waiting for its own conversation's endpoint may not be able to use this one
+            self.room.notify_all()
 
     def take_out(self, ep, reason, probe):
         """Mark ep unhealthy and start probing it with `probe(ep)` (an async check) until it answers."""
@@ -480,9 +495,10 @@ class ChatClient:
             )
         return served
 
-    async def chat(self, messages, params, on_token=None, return_token_ids=False):
-        """Stream one chat completion on the least-loaded endpoint; see _chat."""
-        ep = await self.pool.acquire()
+    async def chat(self, messages, params, on_token=None, return_token_ids=False, affinity=None):
+        """Stream one chat completion on the least-loaded endpoint (or the one of its `affinity` key:
+        EndpointPool.acquire); see _chat."""
+        ep = await self.pool.acquire(affinity)
         st = self.watchdog.watch(ep)
         try:
             return await self._chat(ep, st, messages, params, on_token, return_token_ids)

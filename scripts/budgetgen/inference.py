@@ -5,8 +5,11 @@ Order of events:
      finished (done marker, raw_responses.jsonl), repair torn tails, scan the journal and errors;
   2. if the journal already meets the budget (or no prompt is left), finish at once;
   3. check the server (one-line error naming the URL);
-  4. dispatch prompts in the seeded order, at most `concurrency` in flight, while the budget rule
-     (budget.DispatchPolicy) allows; journal each response the moment it completes;
+  4. dispatch generations (budgetgen.conversations: a prompt's, or each turn and sample of it) in the
+     seeded order of conversations, at most `concurrency` in flight, while the budget rule
+     (budget.DispatchPolicy) allows; journal each response the moment it completes. A conversation's
+     next turn joins the head of the queue once its previous turn is journaled (a new request to the
+     budget rule), sent to the endpoint its earlier turns went to;
   5. on SIGTERM/SIGINT stop dispatching, cancel what is in flight, fsync, exit non-zero;
   6. when the budget is met or the prompts are exhausted, write the done marker atomically.
 
@@ -24,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from . import journal, prompts, status
+from . import conversations, journal, prompts, status
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
@@ -32,7 +35,6 @@ from .fsutil import write_json_atomic
 from .launch import LaunchedServer
 from .params import params_sha256
 from .settings import InferenceSettings
-from .state import prompts_left
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class RunStats:
         self.retry_kinds = {}
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
         self.errors = 0  # permanent errors of this run
+        self.ended = 0  # conversations a permanent error ended before their last turn, this run
         self.rates = Rates()
 
     def retried(self, exc):
@@ -143,14 +146,15 @@ class PermanentErrors:
         self.pending = []
         self.streak_status, self.streak = None, 0
 
-    def add(self, prompt_id, messages, exc):
-        self.pending.append({"id": prompt_id, "messages": messages, "status": exc.status, "error": exc.message,
-                             "params": self.params, "created": round(time.time(), 3), "usage": {}})
+    def add(self, gen_id, messages, exc, where=None):
+        self.pending.append({"id": gen_id, **(where or {}), "messages": messages, "status": exc.status,
+                             "error": exc.message, "params": self.params, "created": round(time.time(), 3),
+                             "usage": {}})
         self.streak = self.streak + 1 if self.streak_status == exc.status else 1
         self.streak_status = exc.status
         if self.streak >= self.FAILURE_STREAK:
             raise UserError(f"every request fails the same way: {self.streak} in a row with {exc} (last prompt "
-                            f"{prompt_id}); none recorded as the prompts' errors; fix the server or settings "
+                            f"{gen_id}); none recorded as the prompts' errors; fix the server or settings "
                             "and rerun")
 
     def success(self):
@@ -166,12 +170,27 @@ class PermanentErrors:
         return self.pending[0] if self.pending else None
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One request to make: turn k of a chain, after `previous` (turn k-1's journal record; None for k 1)."""
+
+    chain: conversations.Chain
+    k: int
+    previous: dict | None = None
+
+    @property
+    def id(self):
+        return self.chain.turn_id(self.k)
+
+
 @dataclass
 class RunState:
-    """What prepare() finds: the prompts, what is left to ask (in dispatch order), the journal's
-    counts, the prompts failed permanently under this run's request params, and the budget rule."""
+    """What prepare() finds: the prompts and their chains (conversations × samples), what is left to ask
+    (in dispatch order), the journal's counts, the generations failed permanently under this run's
+    request params, and the budget rule."""
 
     prompt_ids: set
+    chains: list
     queue: deque
     journaled: journal.JournalState
     errored: set
@@ -219,11 +238,23 @@ def prepare(s):
              + (f", {len(errored)} failed permanently earlier" if errored else "")
              + (f", {len(elsewhere)} failed earlier under other settings (asked again)" if elsewhere else ""))
     log.info(f"remaining budget: {max(0, s.budget - journaled.tokens)} of {s.budget} tokens")
-    by_id = {p.id: p for p in pset.prompts}
-    queue = deque(by_id[i] for i in prompts.dispatch_order(by_id, s.seed)
-                  if i not in journaled.ids and i not in errored)
+    chain_list = conversations.chains(pset.prompts, s.plan)
+    by_id = {c.id: c for c in chain_list}
+    started, fresh = [], []
+    for cid in prompts.dispatch_order(by_id, s.seed):
+        c = by_id[cid]
+        k = c.first_missing(journaled.ids)
+        if k is not None and c.turn_id(k) not in errored:
+            (started if k > 1 else fresh).append((c, k))
+    # conversations under way continue first, each from its last journaled turn
+    previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for c, k in started])
+    queue = deque(Generation(c, k, previous[c.turn_id(k - 1)]) for c, k in started)
+    queue.extend(Generation(c, k) for c, k in fresh)
+    if started:
+        log.info(f"Conversations under way: {len(started)} continue from their last journaled turn")
     lengths = LengthModel(s.max_tokens, journaled.lengths)
-    return lock, RunState(set(by_id), queue, journaled, errored, params, lengths, DispatchPolicy(s.budget, lengths))
+    return lock, RunState({p.id for p in pset.prompts}, chain_list, queue, journaled, errored, params, lengths,
+                          DispatchPolicy(s.budget, lengths))
 
 
 class InferenceJob:
@@ -239,9 +270,12 @@ class InferenceJob:
         self.client = self.server = self.writer = self.wake = None
 
     # -- requests ------------------------------------------------------------------------
-    async def run_one(self, prompt, progress):
+    async def run_one(self, gen, progress):
         s, rs = self.s, self.run_state
-        messages = [dict(m) for m in prompt.messages]
+        chain, gid = gen.chain, gen.id
+        messages = chain.request(gen.k, gen.previous)
+        # the turns of a conversation stay on one endpoint (its prefix cache holds their history)
+        affinity = chain.id if chain.n_turns > 1 else None
         retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
         t0 = time.time()
         while True:
@@ -252,29 +286,38 @@ class InferenceJob:
 
             try:
                 res = await self.client.chat(messages, rs.params, on_token=on_token,
-                                             return_token_ids=s.return_token_ids)
+                                             return_token_ids=s.return_token_ids, affinity=affinity)
             except TransientError as exc:
                 self.stats.discarded_tokens += progress.seen
                 self.stats.retried(exc)
                 delay = retries.delay_after(exc, max(self.last_ok, self.client.last_byte), self.client.urls)
                 if delay is None:
-                    log.info(f"giving up on {prompt.id} for this run after {retries.attempts} attempts: {exc}")
-                    self.deferred.append(prompt)
+                    log.info(f"giving up on {gid} for this run after {retries.attempts} attempts: {exc}")
+                    self.deferred.append(gen)
+                    self.client.pool.forget(chain.id)
                     return
                 await asyncio.sleep(delay)
                 continue
             except PermanentError as exc:
                 self.stats.discarded_tokens += progress.seen
                 self.stats.errors += 1
-                rs.errored.add(prompt.id)
-                log.info(f"error (not retried) for {prompt.id}: {exc}")
-                self.errors.add(prompt.id, messages, exc)
+                rs.errored.add(gid)
+                ended = f"; conversation {chain.id} ends at turn {gen.k - 1} of {chain.n_turns}" if gen.k > 1 else ""
+                self.stats.ended += bool(ended)
+                log.info(f"error (not retried) for {gid}: {exc}{ended}")
+                self.errors.add(gid, messages, exc, chain.where(gen.k))
+                self.client.pool.forget(chain.id)
                 return
             break
         self.last_ok = time.monotonic()
-        self.writer.append(journal.response_record(prompt.id, messages, res, rs.params, t0, retries.attempts + 1))
+        rec = journal.response_record(gid, messages, res, rs.params, t0, retries.attempts + 1, chain.where(gen.k))
+        self.writer.append(rec)
+        if gen.k < chain.n_turns:  # the next turn: a new request, at the head of the queue
+            rs.queue.appendleft(Generation(chain, gen.k + 1, rec))
+        else:
+            self.client.pool.forget(chain.id)
         tokens = int(res.usage.get("completion_tokens") or 0)
-        rs.journaled.ids.add(prompt.id)
+        rs.journaled.ids.add(gid)
         rs.journaled.tokens += tokens
         rs.journaled.records += 1
         rs.lengths.observe(tokens)
@@ -384,9 +427,9 @@ class InferenceJob:
                 raise self.failed
             while (len(self.inflight) < s.concurrency and rs.queue
                    and rs.policy.may_dispatch(rs.journaled.tokens, self.generated_in_flight())):
-                prompt = rs.queue.popleft()
+                gen = rs.queue.popleft()
                 progress = StreamProgress()
-                task = asyncio.create_task(self.run_one(prompt, progress))
+                task = asyncio.create_task(self.run_one(gen, progress))
                 self.inflight[task] = progress
             if not self.inflight:
                 return
@@ -408,12 +451,13 @@ class InferenceJob:
         s, rs, stats = self.s, self.run_state, self.stats
         st = rs.journaled
         met = st.tokens >= s.budget
-        exhausted = not self.deferred and prompts_left(rs.prompt_ids, st.ids, rs.errored) == 0
+        left = conversations.left(rs.chains, st.ids, rs.errored)
+        exhausted = not self.deferred and left.to_ask == 0
         log.info(self.progress_line())
         if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
             if st.records:
                 self.errors.flush()
-            log.info(f"{len(self.deferred)} prompts still failing after {s.max_retries} retries; rerun to retry them")
+            log.info(f"{len(self.deferred)} requests still failing after {s.max_retries} retries; rerun to retry them")
             return 1
         if exhausted and not met and st.records == 0:
             # errors alone never make a dataset "exhausted": without one response there is no proof
@@ -426,12 +470,15 @@ class InferenceJob:
         state = "met" if met else ("exhausted" if exhausted else "partial")
         log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses, budget {s.budget} "
                  f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} tokens, "
-                 f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip())
+                 f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
+                 + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
+                    f"{left.chains_ended_by_error} ended by an error" if s.plan.turns == "all" else ""))
         if state == "partial":
             return 1
         write_json_atomic(s.paths.done, {
             "dataset": s.dataset, "state": state, "tokens": st.tokens, "responses": st.records,
-            "budget": s.budget, "prompts": len(rs.prompt_ids), "errors": len(rs.errored),
+            "budget": s.budget, "prompts": len(rs.prompt_ids), "conversations": len(rs.chains),
+            "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
             "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,
             "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4),
             "wall_s": round(time.monotonic() - stats.started, 2),

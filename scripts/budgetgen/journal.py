@@ -152,15 +152,37 @@ def iter_records(path):
             yield lineno, rec
 
 
-def response_record(prompt_id, messages, result, params, created, attempts):
+def records_by_id(path, ids):
+    """{id: record} of the first whole record of each of `ids` (only those lines are parsed in full):
+    the turns a resumed conversation continues from."""
+    wanted, found = set(ids), {}
+    if not wanted or not os.path.exists(path):
+        return found
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.endswith("\n") or not line.strip():
+                continue
+            got = parse_line_fast(line)
+            if got is not None and (got[0] not in wanted or got[0] in found):
+                continue
+            rid, _, rec = parse_line(line, f"{path}:{lineno}")
+            if rid in wanted and rid not in found:
+                found[rid] = rec
+                if len(found) == len(wanted):
+                    break
+    return found
+
+
+def response_record(gen_id, messages, result, params, created, attempts, where=None):
     """The journal record of one response (a client.ChatResult) to `messages`: the conversation with
-    the generated assistant turn appended, how it was made, and its usage (last, see above)."""
+    the generated assistant turn appended, how it was made, and its usage (last, see above).
+    `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?}), after the id."""
     assistant = {"role": "assistant", "content": result.content}
     if result.reasoning:
         assistant["reasoning_content"] = result.reasoning
-    rec = {"id": prompt_id, "messages": list(messages) + [assistant], "finish_reason": result.finish_reason,
-           "params": params, "served_model": result.model, "created": round(created, 3),
-           "latency_s": round(time.time() - created, 3), "attempts": attempts}
+    rec = {"id": gen_id, **(where or {}), "messages": list(messages) + [assistant],
+           "finish_reason": result.finish_reason, "params": params, "served_model": result.model,
+           "created": round(created, 3), "latency_s": round(time.time() - created, 3), "attempts": attempts}
     if result.prompt_token_ids:
         rec["prompt_token_ids"] = result.prompt_token_ids
     if result.token_ids:

@@ -16,6 +16,7 @@ validated config. Entry points get their settings from Snakemake (`snakemake.con
 import os
 from dataclasses import dataclass
 
+from .conversations import Plan
 from .errors import UserError
 from .params import params_sha256, request_params
 
@@ -23,7 +24,8 @@ SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "schemas", "config.schema.yaml")
 
 # Settings that change what a dataset's data is (not how fast or how robustly it is made).
-CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body")
+CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
+                           "history_reasoning", "samples_per_prompt")
 # Tokenizer settings that change the rows (processes only changes the speed).
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
@@ -87,10 +89,17 @@ def chat_template_kwargs(config, dataset):
     return dict((generation_setting(config, dataset, "extra_body") or {}).get("chat_template_kwargs") or {})
 
 
+def generation_plan(config, dataset):
+    """How the dataset's prompts become generations (budgetgen.conversations.Plan)."""
+    g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
+    return Plan(turns=g("turns"), samples=int(g("samples_per_prompt")), history_reasoning=g("history_reasoning"))
+
+
 def dataset_request_params(config, dataset):
     """The request params the dataset's inference job sends (and journals with every response)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
-    return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"))
+    return {**request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body")),
+            **generation_plan(config, dataset).params_extra()}
 
 
 def content_settings(config, dataset):
@@ -164,6 +173,7 @@ class InferenceSettings:
     model_path: str | None
     launch_port: int
     launch_ready_timeout_s: float
+    plan: Plan
 
     @classmethod
     def from_config(cls, config, dataset, slots=None):
@@ -189,7 +199,7 @@ class InferenceSettings:
             endpoint_concurrency=int(server["endpoint_concurrency"]),
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),
-            launch_ready_timeout_s=float(server["launch_ready_timeout_s"]),
+            launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
         )
 
     @property
@@ -197,8 +207,10 @@ class InferenceSettings:
         return self.paths.dataset
 
     def request_params(self):
-        """The request parameters that affect content; recorded with every response and error."""
-        return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
+        """The request parameters that affect content (with the plan's, under turns: all); recorded with
+        every response and error."""
+        return {**request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body),
+                **self.plan.params_extra()}
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ prints), by the status checkpoint, the inference job and the summary, so that "m
 mean the same thing everywhere:
 
   met        the journaled completion tokens reach the budget in the config *now*;
-  exhausted  not met, and no prompt is left to ask: every prompt is journaled or failed permanently
-             under the request parameters the next job would send (prompts_left == 0), and the
-             prompts file has not changed since that was counted;
+  exhausted  not met, and no generation is left to ask: every generation (a prompt's, or each turn and
+             sample of it: budgetgen.conversations) is journaled or was ended by a permanent error
+             under the request parameters the next job would send, the prompts file has not changed
+             and the generation plan is the one that was counted under;
   partial    neither, with something journaled;
   fresh      nothing journaled yet.
 
@@ -19,6 +20,8 @@ absent while a job runs or after an interrupted one), the status checkpoint's ou
 import json
 import os
 from dataclasses import dataclass
+
+from .conversations import DEFAULT_PLAN_KEY
 
 FRESH, PARTIAL, MET, EXHAUSTED = "fresh", "partial", "met", "exhausted"
 
@@ -40,11 +43,6 @@ def budget_state(tokens, budget, exhausted):
     return EXHAUSTED if exhausted else PARTIAL
 
 
-def prompts_left(prompt_ids, answered_ids, errored_ids):
-    """How many prompts are still to ask: neither answered (journaled) nor failed permanently."""
-    return len(set(prompt_ids) - set(answered_ids) - set(errored_ids))
-
-
 def exhausted_under(status, params_sha):
     """Whether a status (status.compute_status) leaves no prompt to ask under the request parameters
     `params_sha`: each unanswered prompt failed permanently under exactly those parameters (errors
@@ -56,15 +54,17 @@ def exhausted_under(status, params_sha):
     return remaining - int(errored.get(params_sha, 0)) <= 0
 
 
-def decide(done, status, budget, params_sha, prompts_changed, journal_exists):
+def decide(done, status, budget, params_sha, prompts_changed, journal_exists, plan_key=None):
     """The state from what is known (pure): the done marker's content (or None), the status (or None),
     the budget and request parameters now, whether the prompts changed since the status was written,
-    whether a journal exists. Returns (state, the info the state was read from)."""
+    whether a journal exists, the generation plan now (Plan.key(); a status counted under another
+    plan never says exhausted). Returns (state, the info the state was read from)."""
     if done is not None:
         return budget_state(done.get("tokens", 0), budget, done.get("state") == EXHAUSTED), done
     if status is None:
         return (PARTIAL if journal_exists else FRESH), {}
-    exhausted = exhausted_under(status, params_sha) and not prompts_changed
+    same_plan = status.get("plan", DEFAULT_PLAN_KEY) == (plan_key or DEFAULT_PLAN_KEY)
+    exhausted = exhausted_under(status, params_sha) and not prompts_changed and same_plan
     state = budget_state(status["tokens"], budget, exhausted)
     if state == PARTIAL and not status["tokens"] and not journal_exists:
         state = FRESH
@@ -88,29 +88,30 @@ def prompts_changed_since(prompts, path):
     return os.path.getmtime(prompts) > os.path.getmtime(path)
 
 
-def dataset_state(files, budget, params_sha, status=None):
+def dataset_state(files, budget, params_sha, status=None, plan_key=None):
     """decide() on the dataset's files; `status` overrides reading files.status (the checkpoint's
     output as Snakemake hands it over)."""
     status = status if status is not None else read_json(files.status)
     changed = status is not None and prompts_changed_since(files.prompts, files.status)
     return decide(read_json(files.done) if os.path.exists(files.done) else None, status, budget, params_sha,
-                  changed, os.path.exists(files.journal))
+                  changed, os.path.exists(files.journal), plan_key)
 
 
-def finalize_from_journal(files, budget, params_sha, status):
+def finalize_from_journal(files, budget, params_sha, status, plan_key=None):
     """Whether finalize reads the journal directly (met or exhausted per the checkpoint: no inference
     job), rather than waiting for the inference job's done marker."""
     if os.path.exists(files.done) or not os.path.exists(files.journal):
         return False
-    state, _ = dataset_state(files, budget, params_sha, status)
+    state, _ = dataset_state(files, budget, params_sha, status, plan_key)
     return state in (MET, EXHAUSTED)
 
 
-def status_row(name, files, budget, params_sha, scan_journal):
-    """One row of the status table: (name, tokens, budget, left, responses, state, read_now). When no
-    job has finished since the journal last grew (no done marker, the status older than the journal),
-    the journal is counted now with `scan_journal(path) -> (tokens, records)`."""
-    state, info = dataset_state(files, budget, params_sha)
+def status_row(name, files, budget, params_sha, scan_journal, plan_key=None):
+    """One row of the status table: (name, tokens, budget, left, responses, state, read_now); responses
+    are journal records, one per generation (per turn with turns: all). When no job has finished
+    since the journal last grew (no done marker, the status older than the journal), the journal is
+    counted now with `scan_journal(path) -> (tokens, records)`."""
+    state, info = dataset_state(files, budget, params_sha, plan_key=plan_key)
     read_now = False
     if not os.path.exists(files.done) and os.path.exists(files.journal):
         if os.path.getsize(files.journal) != info.get("journal_bytes"):

@@ -4,28 +4,34 @@ prompts offer. What the status means for the dataset's state is budgetgen.state'
 import os
 import time
 
-from . import journal, prompts
+from . import conversations, journal, prompts
 from .params import params_sha256
 
 
-def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line="error"):
-    """remaining_prompts: prompts not journaled; errored_by_params: how many of those failed
-    permanently, per request-parameter hash (state.exhausted_under decides against the current ones);
-    exhausted: no prompt left even counting every recorded error (a display hint only)."""
+def compute_status(dataset, journal_path, errors_path, prompts_path, on_bad_line="error", plan=None):
+    """Counted in generations (one per prompt with turns: last and one sample; one per turn and
+    sample otherwise; budgetgen.conversations): remaining_prompts: generations not journaled;
+    errored_by_params: how many of those a permanent error ended, per request-parameter hash
+    (state.exhausted_under decides against the current ones); exhausted: none left even counting
+    every recorded error (a display hint only); plan: the plan these counts were made under."""
+    plan = plan or conversations.Plan()
     state = journal.scan(journal_path)
     by_params = errors_by_params(errors_path)
-    prompt_ids = {p.id for p in prompts.load_prompts(prompts_path, on_bad_line=on_bad_line).prompts}
-    unanswered = prompt_ids - state.ids
-    errored = {sha: len(ids & unanswered) for sha, ids in by_params.items()}
+    prompt_list = prompts.load_prompts(prompts_path, on_bad_line=on_bad_line).prompts
+    chain_list = conversations.chains(prompt_list, plan)
+    remaining = conversations.left(chain_list, state.ids).remaining
+    errored = {sha: conversations.left(chain_list, state.ids, ids).blocked for sha, ids in by_params.items()}
     return {
         "dataset": dataset,
         "tokens": state.tokens,
         "responses": state.records,
         "errors": len(set().union(*by_params.values())),
-        "prompts": len(prompt_ids),
-        "remaining_prompts": len(unanswered),
+        "prompts": len(prompt_list),
+        "conversations": len(chain_list),
+        "remaining_prompts": remaining,
         "errored_by_params": {sha: n for sha, n in errored.items() if n},
-        "exhausted": max(errored.values(), default=0) >= len(unanswered),
+        "exhausted": max(errored.values(), default=0) >= remaining,
+        "plan": plan.key(),
         "journal_bytes": os.path.getsize(journal_path) if os.path.exists(journal_path) else 0,
         "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

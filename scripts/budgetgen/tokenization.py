@@ -22,6 +22,9 @@ the opening tag) is derived from the tokenizer and its template (TurnFormat), ne
 known models. A record whose raw output cannot be rebuilt faithfully (reasoning, but no delimiters
 in the tokenizer) is skipped with a counted reason, as are template errors.
 
+Each row also carries its `conversation_id` and `turn` (budgetgen.conversations: with turns: all one
+row per generated turn, its prompt the history the server saw, its completion that turn alone).
+
 The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), written atomically;
 more than max_skipped_pct percent of records skipped fails the job, naming the reason and first id.
 """
@@ -35,6 +38,7 @@ import re
 import time
 from collections import Counter
 
+from budgetgen.conversations import segments
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
 from budgetgen.state import looks_local
@@ -68,6 +72,8 @@ def _schema():
     return pa.schema(
         [
             ("id", pa.string()),
+            ("conversation_id", pa.string()),
+            ("turn", pa.int32()),
             ("input_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
             ("num_tokens", pa.int32()),
@@ -525,6 +531,16 @@ def _settings_key(record):
                       sort_keys=True)
 
 
+def row_place(rid, record):
+    """(conversation id, turn index) of a record's row: as the record says (budgetgen.conversations),
+    else (records written before they said) the record's id and the count of the prompt's user turns."""
+    conv = record.get("conversation_id")
+    turn = record.get("turn")
+    if not isinstance(turn, int) or isinstance(turn, bool):
+        turn = max(1, len(segments(record["messages"][:-1])))
+    return (str(conv) if conv is not None else rid), turn
+
+
 def _encode_chunk(encoder, chunk, input_path):
     """Parse and encode (lineno, line) pairs; return (RecordBatch or None, stats)."""
     import numpy as np
@@ -533,7 +549,7 @@ def _encode_chunk(encoder, chunk, input_path):
     records = [_parse_record(line, lineno, input_path) for lineno, line in chunk]
     results, error = encoder.encode([r[1] for r in records])
     skipped, first_skipped = Counter(), {}
-    kept_ids, kept_finish, rows = [], [], []
+    kept_ids, kept_finish, kept_conv, kept_turn, rows = [], [], [], [], []
     server_rows = 0
     for (rid, rec, finish, _), res in zip(records, results):
         if isinstance(res, str):
@@ -543,6 +559,9 @@ def _encode_chunk(encoder, chunk, input_path):
             server_rows += bool(encoder.use_server_ids and rec.get("completion_token_ids"))
             kept_ids.append(rid)
             kept_finish.append(finish)
+            conv, turn = row_place(rid, rec)
+            kept_conv.append(conv)
+            kept_turn.append(turn)
             rows.append(res)
     stats = {"records": len(records), "skipped": dict(skipped), "first_skipped": first_skipped, "error": error,
              "settings": dict(Counter(r[3] for r in records)), "server_id_rows": server_rows}
@@ -569,6 +588,8 @@ def _encode_chunk(encoder, chunk, input_path):
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(kept_ids, type=pa.string()),
+            pa.array(kept_conv, type=pa.string()),
+            pa.array(kept_turn, type=pa.int32()),
             pa.ListArray.from_arrays(offsets32, pa.array(values, type=pa.int32())),
             pa.ListArray.from_arrays(offsets32, pa.array(mask.view(np.int8), type=pa.int8())),
             pa.array(lengths.astype(np.int32), type=pa.int32()),

@@ -12,7 +12,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
-GENERATION_KEYS = {"token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed", "extra_body",
+GENERATION_KEYS = {"token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed", "extra_body", "turns",
+                   "history_reasoning", "samples_per_prompt",
                    "on_bad_line"}
 
 

@@ -1,0 +1,187 @@
+"""How prompts become generations: conversations, their turns, samples, and the ids of each.
+
+The generation plan of a dataset (`Plan`, from `generation.turns`, `generation.samples_per_prompt`
+and `generation.history_reasoning`):
+
+  turns: last   one generation per conversation: the next assistant turn after the prompt as the
+                prompts file gives it (earlier assistant turns are the dataset's own). The default:
+                ids and params are those of every journal written before the setting existed, so such
+                a journal resumes without regenerating anything, and a conversation costs one request.
+  turns: all    every assistant turn is the target's own (on-policy, as SpecForge and speculators
+                regenerate): a conversation with user turns u1..un is generated in sequence, a1 from
+                [u1], a2 from [u1, a1, u2], ... Each turn is one request, one journal record and one
+                training row.
+
+A *chain* is one sample of one conversation: id `ID` (samples_per_prompt 1) or `ID/s1` .. `ID/sN`.
+Its generations have the id of the chain (turns: last) or `CHAIN/t1` .. `CHAIN/tn` (turns: all).
+Every id is a function of the prompt id and the plan alone, so a resumed run finds each generation
+by id: the journal holds the turns done, the next turn's history is the last journaled turn's
+messages. Sample and turn suffixes are the same for every prompt of a dataset, so ids stay unique.
+
+Turns of a conversation (`segments`): the prompt's messages split at its assistant messages (which
+`turns: all` replaces by the target's answers). Messages before the first user turn (a system
+prompt, an assistant greeting) open the first segment; a system message between turns opens the
+segment of the next user turn; an assistant message that follows another one is dropped with it.
+
+History sent back (`history_reasoning`): `drop` sends earlier answers as content only (what
+Qwen3-style templates expect, and what they would render anyway); `keep` sends their
+`reasoning_content` too (templates that keep earlier reasoning: newer Kimi and DeepSeek releases).
+Under `turns: all` both go into each record's params (`turns`, `history_reasoning`).
+
+What is left (`left`): a chain is finished when all its turns are journaled; a permanent error on
+turn k ends it at k-1 (its first missing turn failed under the current request params). The budget
+status, the inference job and the summary count generations left the same way, through here.
+"""
+
+from dataclasses import dataclass
+
+TURNS = ("last", "all")
+HISTORY_REASONING = ("drop", "keep")
+
+
+@dataclass(frozen=True)
+class Plan:
+    turns: str = "last"
+    samples: int = 1
+    history_reasoning: str = "drop"
+
+    def key(self):
+        """What the status checkpoint records: the plan its counts were made under."""
+        return {"turns": self.turns, "samples_per_prompt": self.samples}
+
+    def params_extra(self):
+        """What goes into each record's params beyond the request's own (turns: all only, so the
+        params of `turns: last` are those of journals written before these settings existed)."""
+        if self.turns == "all":
+            return {"turns": "all", "history_reasoning": self.history_reasoning}
+        return {}
+
+
+DEFAULT_PLAN_KEY = Plan().key()
+
+
+def segments(messages):
+    """The user turns of a conversation: a list of message lists, each ending with a user message,
+    the dataset's assistant answers between them left out (see the module docstring)."""
+    out, current, seen_user = [], [], False
+    for m in messages:
+        if m["role"] == "assistant":
+            if seen_user:
+                out.append(current)
+                current, seen_user = [], False
+            elif not out:
+                current.append(dict(m))  # context before any user turn: kept
+            continue
+        current.append(dict(m))
+        seen_user = seen_user or m["role"] == "user"
+    if seen_user:
+        out.append(current)
+    elif current and out:  # trailing non-user messages (none after normalisation): with the last turn
+        out[-1].extend(current)
+    return out
+
+
+def history_message(message, history_reasoning):
+    """An earlier answer as it is sent back to the server."""
+    m = {"role": "assistant", "content": message.get("content") or ""}
+    if history_reasoning == "keep" and message.get("reasoning_content"):
+        m["reasoning_content"] = message["reasoning_content"]
+    return m
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One sample of one conversation."""
+
+    id: str
+    prompt_id: str
+    sample: int
+    messages: tuple  # the prompt's normalised messages
+    turn_segments: tuple  # turns: all: the user turns; turns: last: the whole prompt, one turn
+    plan: Plan
+
+    @property
+    def n_turns(self):
+        return len(self.turn_segments)
+
+    def turn_id(self, k):
+        """The journal id of turn k (1-based)."""
+        return self.id if self.plan.turns == "last" else f"{self.id}/t{k}"
+
+    def ids(self):
+        return [self.turn_id(k) for k in range(1, self.n_turns + 1)]
+
+    def turn_index(self, k):
+        """The turn a row belongs to: k of n (turns: all); the prompt's own count (turns: last)."""
+        if self.plan.turns == "all":
+            return k
+        return len(segments(self.messages))
+
+    def where(self, k):
+        """What a record of turn k says of its place: conversation id, turn (and sample)."""
+        w = {"conversation_id": self.id, "turn": self.turn_index(k)}
+        if self.plan.samples > 1:
+            w["sample"] = self.sample
+        return w
+
+    def request(self, k, previous=None):
+        """The messages of turn k's request; `previous`: turn k-1's journal record (k > 1)."""
+        if k == 1:
+            return [dict(m) for m in self.turn_segments[0]]
+        if previous is None:
+            raise ValueError(f"{self.turn_id(k)}: turn {k} needs turn {k - 1}'s record")
+        history = [history_message(m, self.plan.history_reasoning) if m["role"] == "assistant" else dict(m)
+                   for m in previous["messages"]]
+        return history + [dict(m) for m in self.turn_segments[k - 1]]
+
+    def first_missing(self, journaled_ids):
+        """The first turn not journaled (turns are made in order), or None when all are."""
+        for k in range(1, self.n_turns + 1):
+            if self.turn_id(k) not in journaled_ids:
+                return k
+        return None
+
+
+def chains(prompt_list, plan):
+    """The chains of a prompt set, in prompt order."""
+    out = []
+    for p in prompt_list:
+        segs = segments(p.messages) if plan.turns == "all" else [list(p.messages)]
+        for s in range(1, plan.samples + 1):
+            cid = p.id if plan.samples == 1 else f"{p.id}/s{s}"
+            out.append(Chain(id=cid, prompt_id=p.id, sample=s, messages=p.messages,
+                             turn_segments=tuple(tuple(seg) for seg in segs), plan=plan))
+    return out
+
+
+@dataclass
+class Left:
+    """Generations still to ask: `remaining` ignoring errors, `blocked` those a permanent error
+    ended (per the error ids given), and chains counted the same way."""
+
+    remaining: int = 0
+    blocked: int = 0
+    chains_open: int = 0
+    chains_ended_by_error: int = 0
+
+    @property
+    def to_ask(self):
+        return self.remaining - self.blocked
+
+
+def left(chain_list, journaled_ids, errored_ids=()):
+    """What is left of the chains, given the journaled ids and the ids failed permanently (under the
+    params that count; see the module docstring)."""
+    errored_ids = set(errored_ids)
+    out = Left()
+    for c in chain_list:
+        k = c.first_missing(journaled_ids)
+        if k is None:
+            continue
+        out.remaining += c.n_turns - k + 1
+        if c.turn_id(k) in errored_ids:
+            out.blocked += c.n_turns - k + 1
+            out.chains_ended_by_error += 1
+        else:
+            out.chains_open += 1
+    return out
