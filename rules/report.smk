@@ -37,6 +37,12 @@ rule plots:
             category="{dataset}",
             labels={"figure": "5 throughput"},
         ),
+        turns=report(
+            "results/{dataset}/plots/turns.svg",
+            caption="../report/turns.rst",
+            category="{dataset}",
+            labels={"figure": "6 turns"},
+        ),
     log:
         "logs/plots/{dataset}.log",
     benchmark:

@@ -7,7 +7,9 @@ import argparse
 import os
 
 from budgetgen import plots
+from budgetgen.conversations import TURNS, Plan
 from budgetgen.errors import UserError, entry_point
+from budgetgen.settings import generation_plan
 from budgetgen.summary import dataset_row
 
 
@@ -19,6 +21,8 @@ def main(argv=None):
     ap.add_argument("--errors", required=True, help="results/D/errors.jsonl (may not exist)")
     ap.add_argument("--budget", type=int, required=True, help="token budget in completion tokens")
     ap.add_argument("--max-tokens", type=int, required=True, help="the max_tokens of the requests")
+    ap.add_argument("--turns", choices=TURNS, default="last", help="generation.turns (default %(default)s)")
+    ap.add_argument("--samples-per-prompt", type=int, default=1, help="generation.samples_per_prompt (default 1)")
     for name in plots.FIGURES:
         ap.add_argument(f"--{name}-figure", metavar="PATH", help=f"write the {name} figure here")
     a = ap.parse_args(argv)
@@ -32,7 +36,10 @@ def main(argv=None):
         raise UserError(f"{a.raw}: raw responses not found")
     records = plots.load_records(a.raw)
     error_records = plots.load_records(a.errors)
-    row = dataset_row(a.dataset, a.raw, a.budget, a.prompts, a.errors)
+    if a.samples_per_prompt < 1:
+        ap.error("--samples-per-prompt must be at least 1")
+    row = dataset_row(a.dataset, a.raw, a.budget, a.prompts, a.errors,
+                      plan=Plan(turns=a.turns, samples=a.samples_per_prompt))
     for name, path in wanted.items():
         plots.save(plots.draw(name, a.dataset, records, error_records, row, a.max_tokens), path)
         print(f"{name} figure -> {path}")
@@ -42,6 +49,8 @@ def main(argv=None):
 def argv_from_snakemake(smk):
     argv = ["--dataset", smk.wildcards.dataset, "--raw", smk.input.raw, "--prompts", smk.input.prompts,
             "--errors", smk.params.errors, "--budget", smk.params.budget, "--max-tokens", smk.params.max_tokens]
+    plan = generation_plan(smk.config, smk.wildcards.dataset)
+    argv += ["--turns", plan.turns, "--samples-per-prompt", str(plan.samples)]
     for name in plots.FIGURES:
         argv += [f"--{name}-figure", smk.output[name]]
     return argv

@@ -142,6 +142,16 @@ class Chain:
         return None
 
 
+def record_place(rid, record):
+    """(conversation id, turn index) of a journal record: as the record says, else (records written
+    before they said) the record's id and the count of its prompt's user turns."""
+    conv = record.get("conversation_id")
+    turn = record.get("turn")
+    if not isinstance(turn, int) or isinstance(turn, bool):
+        turn = max(1, len(segments(record["messages"][:-1])))
+    return (str(conv) if conv is not None else str(rid)), turn
+
+
 def chains(prompt_list, plan):
     """The chains of a prompt set, in prompt order."""
     out = []

@@ -9,9 +9,10 @@ assistant turn last in `messages` (its `reasoning_content` when the server sent 
 import math
 
 from . import journal
+from .conversations import record_place
 from .fsutil import atomic_path
 
-FIGURES = ("budget", "lengths", "reasoning", "errors", "throughput")
+FIGURES = ("budget", "lengths", "reasoning", "errors", "throughput", "turns")
 
 # One colour per meaning, the same in every figure.
 COLOR_TOKENS = "#2b6cb0"
@@ -107,6 +108,18 @@ def error_counts(records, error_records):
         failed[key] = failed.get(key, 0) + 1
     retried = sum(int(r.get("attempts") or 1) > 1 for r in records)
     return {"failed": dict(sorted(failed.items())), "retried": retried, "answered": len(records)}
+
+
+def turn_counts(records):
+    """Per turn index (budgetgen.conversations: 1 for single-turn prompts): responses and completion
+    tokens, in turn order."""
+    per = {}
+    for rec in records:
+        turn = record_place(rec.get("id"), rec)[1]
+        n, t = per.get(turn, (0, 0))
+        per[turn] = (n + 1, t + completion_tokens(rec))
+    turns = sorted(per)
+    return {"turns": turns, "responses": [per[t][0] for t in turns], "tokens": [per[t][1] for t in turns]}
 
 
 def nice_step(raw):
@@ -276,6 +289,23 @@ def draw_throughput(plt, dataset, tp):
     return fig
 
 
+def draw_turns(plt, dataset, counts, row):
+    fig, ax = _figure(plt, f"{dataset}: tokens per turn — {row['conversations']:,} conversations, "
+                      f"{row['conversations_finished']:,} finished, {row['conversations_ended_by_error']:,} "
+                      "ended by an error", size=(7.0, 3.0))
+    if not counts["turns"]:
+        _note(ax, "no responses")
+        return fig
+    ax.bar(counts["turns"], counts["tokens"], color=COLOR_TOKENS)
+    for t, v, n in zip(counts["turns"], counts["tokens"], counts["responses"]):
+        ax.text(t, v, f"{v:,}\n{n:,} rows", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(counts["turns"])
+    ax.set_xlabel("turn index (1 = the first assistant turn)")
+    ax.set_ylabel("completion tokens")
+    ax.set_ylim(0, max(counts["tokens"]) * 1.25 or 1)
+    return fig
+
+
 def save(fig, path):
     """Write a figure atomically; the format is the path's extension (svg, png)."""
     plt = _pyplot()
@@ -299,4 +329,6 @@ def draw(name, dataset, records, error_records, row, max_tokens):
         return draw_errors(plt, dataset, error_counts(records, error_records))
     if name == "throughput":
         return draw_throughput(plt, dataset, throughput(records))
+    if name == "turns":
+        return draw_turns(plt, dataset, turn_counts(records), row)
     raise ValueError(f"unknown figure {name!r} (one of {', '.join(FIGURES)})")

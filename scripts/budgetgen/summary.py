@@ -1,13 +1,15 @@
-"""results/summary.tsv: per dataset prompts, responses, tokens, budget, state and length stats."""
+"""results/summary.tsv: per dataset prompts, responses, tokens, budget, state and length stats, and the
+conversations (budgetgen.conversations): how many, finished, ended by an error, tokens per turn index."""
 
 import os
 
-from . import journal, prompts
-from .state import budget_state, prompts_left
+from . import conversations, journal, prompts
+from .state import budget_state
 
 COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
            "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows",
-           "tokenize_skipped"]
+           "tokenize_skipped", "conversations", "conversations_finished", "conversations_ended_by_error",
+           "tokens_per_turn"]
 
 
 def percentile(sorted_values, q):
@@ -17,20 +19,26 @@ def percentile(sorted_values, q):
     return sorted_values[i]
 
 
-def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None):
-    lengths, cut, answered = [], 0, set()
+def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None, plan=None):
+    """One row; `plan`: the dataset's generation plan (default: turns last, one sample)."""
+    lengths, cut, answered, per_turn = [], 0, set(), {}
     for _, rec in journal.iter_records(raw_path):
-        lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
+        n = int((rec.get("usage") or {}).get("completion_tokens") or 0)
+        lengths.append(n)
         cut += rec.get("finish_reason") == "length"
         answered.add(str(rec["id"]))
-    prompt_ids = {p.id for p in prompts.load_prompts(prompts_path, on_bad_line="skip").prompts}
-    n_prompts = len(prompt_ids)
+        turn = conversations.record_place(rec["id"], rec)[1]
+        per_turn[turn] = per_turn.get(turn, 0) + n
+    prompt_list = prompts.load_prompts(prompts_path, on_bad_line="skip").prompts
+    n_prompts = len(prompt_list)
+    chain_list = conversations.chains(prompt_list, plan or conversations.Plan())
     errored = journal.scan(errors_path).ids
-    # prompts that failed permanently and were not answered later (under other settings)
+    # generations that failed permanently and were not answered later (under other settings)
     errors = len(errored - answered)
+    left = conversations.left(chain_list, answered, errored)
     tokens = sum(lengths)
     lengths.sort()
-    status = budget_state(tokens, budget, exhausted=prompts_left(prompt_ids, answered, errored) == 0)
+    status = budget_state(tokens, budget, exhausted=left.to_ask == 0)
     rows, skipped = "", ""
     if tokenized_path and os.path.exists(tokenized_path):
         import json
@@ -49,7 +57,10 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
         "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
         "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
         "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",
-        "errors": errors, "tokenized_rows": rows, "tokenize_skipped": skipped,
+        "errors": errors, "tokenized_rows": rows, "tokenize_skipped": skipped, "conversations": len(chain_list),
+        "conversations_finished": len(chain_list) - left.chains_open - left.chains_ended_by_error,
+        "conversations_ended_by_error": left.chains_ended_by_error,
+        "tokens_per_turn": ";".join(f"{t}:{per_turn[t]}" for t in sorted(per_turn)) or "0",
     }
 
 

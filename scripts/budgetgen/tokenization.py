@@ -38,7 +38,7 @@ import re
 import time
 from collections import Counter
 
-from budgetgen.conversations import segments
+from budgetgen.conversations import record_place
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
 from budgetgen.state import looks_local
@@ -72,13 +72,13 @@ def _schema():
     return pa.schema(
         [
             ("id", pa.string()),
-            ("conversation_id", pa.string()),
-            ("turn", pa.int32()),
             ("input_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
             ("num_tokens", pa.int32()),
             ("num_supervised", pa.int32()),
             ("finish_reason", pa.string()),
+            ("conversation_id", pa.string()),
+            ("turn", pa.int32()),
         ]
     )
 
@@ -531,16 +531,6 @@ def _settings_key(record):
                       sort_keys=True)
 
 
-def row_place(rid, record):
-    """(conversation id, turn index) of a record's row: as the record says (budgetgen.conversations),
-    else (records written before they said) the record's id and the count of the prompt's user turns."""
-    conv = record.get("conversation_id")
-    turn = record.get("turn")
-    if not isinstance(turn, int) or isinstance(turn, bool):
-        turn = max(1, len(segments(record["messages"][:-1])))
-    return (str(conv) if conv is not None else rid), turn
-
-
 def _encode_chunk(encoder, chunk, input_path):
     """Parse and encode (lineno, line) pairs; return (RecordBatch or None, stats)."""
     import numpy as np
@@ -559,7 +549,7 @@ def _encode_chunk(encoder, chunk, input_path):
             server_rows += bool(encoder.use_server_ids and rec.get("completion_token_ids"))
             kept_ids.append(rid)
             kept_finish.append(finish)
-            conv, turn = row_place(rid, rec)
+            conv, turn = record_place(rid, rec)
             kept_conv.append(conv)
             kept_turn.append(turn)
             rows.append(res)
@@ -588,13 +578,13 @@ def _encode_chunk(encoder, chunk, input_path):
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(kept_ids, type=pa.string()),
-            pa.array(kept_conv, type=pa.string()),
-            pa.array(kept_turn, type=pa.int32()),
             pa.ListArray.from_arrays(offsets32, pa.array(values, type=pa.int32())),
             pa.ListArray.from_arrays(offsets32, pa.array(mask.view(np.int8), type=pa.int8())),
             pa.array(lengths.astype(np.int32), type=pa.int32()),
             pa.array(supervised.astype(np.int32), type=pa.int32()),
             pa.array(kept_finish, type=pa.string()),
+            pa.array(kept_conv, type=pa.string()),
+            pa.array(kept_turn, type=pa.int32()),
         ],
         schema=schema,
     )

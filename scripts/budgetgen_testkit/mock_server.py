@@ -7,7 +7,8 @@ its length and words come from an rng seeded by the request's messages and --see
 (time to first token, per-stream token rate, tokens per SSE event, a limited number of running requests, a
 context limit) and inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server
 outage, and a permanent 400 for a share of prompts, decided per prompt so a retry gets the same answer).
-Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
+Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT. With --request-log each chat
+request's messages are appended to a file (what the server was sent, for tests).
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
 --mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
@@ -465,6 +466,7 @@ class MockServer:
         self.chat_counter = 0
         self.stopping = False
         self.tokenizer = None  # --token-ids-tokenizer, loaded on first use
+        self.request_log = open(cfg.request_log, "a", encoding="utf-8") if cfg.request_log else None
 
     def token_ids(self, messages, plan, body):
         """(prompt ids, generated ids) as a server with the target tokenizer would report them when its
@@ -589,6 +591,9 @@ class MockServer:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return fail(400, "'messages' must be a non-empty list")
+        if self.request_log is not None:  # what the server was sent, for tests (one line per request)
+            self.request_log.write(json.dumps({"port": self.port, "messages": messages}) + "\n")
+            self.request_log.flush()
         model = body.get("model") or self.models[0]
         if model not in self.models:
             return self.send_json(conn, req, 404, error_body(404, f"The model '{model}' does not exist"),
@@ -912,6 +917,8 @@ def build_parser():
                    help="seconds before listening again on the same port (default %(default)s)")
     g = ap.add_argument_group("counters")
     g.add_argument("--stats-file", help="write the /stats JSON here (atomically) on SIGTERM/SIGINT")
+    g.add_argument("--request-log", metavar="PATH",
+                   help="append each chat request's messages here, one JSON line {port, messages} per request")
     g.add_argument("--sample-interval", type=float, default=0.5,
                    help="seconds between occupancy timeline samples (default %(default)s)")
     return ap

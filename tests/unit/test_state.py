@@ -26,11 +26,9 @@ def status(tokens, remaining, errored=None, journal_bytes=0):
             "errored_by_params": errored or {}, "journal_bytes": journal_bytes}
 
 
-def test_budget_state_and_prompts_left():
+def test_budget_state():
     assert state.budget_state(100, 100, False) == MET and state.budget_state(100, 100, True) == MET
     assert state.budget_state(99, 100, True) == EXHAUSTED and state.budget_state(99, 100, False) == PARTIAL
-    assert state.prompts_left({"a", "b", "c"}, {"a"}, {"b"}) == 1
-    assert state.prompts_left(["a", "b"], ["a", "x"], ["b"]) == 0
 
 
 def test_exhausted_only_under_the_parameters_of_its_errors():

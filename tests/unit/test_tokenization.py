@@ -351,7 +351,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     ds = datasets.Dataset.from_file(out)
     assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised",
-                               "finish_reason"]
+                               "finish_reason", "conversation_id", "turn"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
     row, tok = ds[3], toks["chatml"]
