@@ -99,7 +99,9 @@ def raw_responses_input(wildcards):
         # no need to wait for the checkpoint: a dry-run on a fresh tree already lists inference
         return [p.done]
     status = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
-    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), current_params_sha(ds), status, plan_key(ds)):
+    if state.finalize_from_journal(
+        dataset_files(ds), token_budget(ds), current_params_sha(ds), status, plan_key(ds)
+    ):
         return [p.journal]
     return [p.done]
 
@@ -113,7 +115,9 @@ def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
         rows = [
-            state.status_row(ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts, plan_key(ds))
+            state.status_row(
+                ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts, plan_key(ds)
+            )
             for ds in DATASETS
         ]
         print(state.format_status_table(rows), file=sys.stderr)

@@ -7,6 +7,7 @@ One module per concern:
   settings     typed settings built once from the validated config (defaults only from the schema)
   params       the request parameters that affect content, as journaled with every record
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
+  conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
   journal      the append-only response journal and errors.jsonl: scan, torn-tail repair, lock, append
   budget       completed-length model and the dispatch rule that stops at the token budget

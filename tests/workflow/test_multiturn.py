@@ -137,7 +137,7 @@ def test_history_reasoning_sends_what_it_says(tmp_path, server, policy):
     assert p.returncode == 0, p.stdout + p.stderr
     sent = [r["messages"] for r in request_log(log)]
     assert len(sent) == 9
-    for cid, users in user_turns(tmp_path / "prompts.jsonl").items():
+    for users in user_turns(tmp_path / "prompts.jsonl").values():
         for request, _ in expected_conversation(cfg, users, policy):
             assert sent.count(request) == 1  # exactly this history, once
     history = [m for request in sent for m in request if m["role"] == "assistant"]
