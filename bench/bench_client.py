@@ -58,20 +58,25 @@ def write_prompts(path, n):
 # -- children (one process per client run) ---------------------------------------------------------
 
 def child_budgetgen(args):
-    from budgetgen.inference import Settings, run
+    """The real inference job (budgetgen.inference.run) from a config file, in this process."""
+    import yaml
+
+    from budgetgen.inference import run
+    from budgetgen.settings import InferenceSettings, load_config
 
     work = Path(args.work)
-    settings = Settings(dataset="bench", prompts=args.prompts, journal=str(work / "journal.jsonl"),
-                        errors=str(work / "errors.jsonl"), done=str(work / "inference.done"),
-                        budget=10 ** 12, base_url=args.url, model=MODEL, max_tokens=args.max_tokens,
-                        concurrency=args.concurrency, progress_interval_s=3600, request_timeout_s=60)
-    logs = []
+    config = {"server": {"base_url": args.url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 60},
+              "generation": {"token_budget": 10 ** 12, "max_tokens": args.max_tokens, "concurrency": args.concurrency},
+              "tokenizer": {"path": "unused"}, "datasets": {"bench": {"prompts": str(Path(args.prompts).resolve())}}}
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    settings = InferenceSettings.from_config(load_config(work / "config.yaml"), "bench")
+    os.chdir(work)
     c0, t0 = cpu_self(), time.perf_counter()
-    rc = run(settings, log=logs.append)
+    rc = run(settings)
     wall, cpu = time.perf_counter() - t0, cpu_self() - c0
     if rc != 0:
-        raise SystemExit(f"inference job returned {rc}: {logs[-5:]}")
-    with open(work / "journal.jsonl") as f:
+        raise SystemExit(f"inference job returned {rc}")
+    with open(work / "results" / "bench" / "journal.jsonl") as f:
         done = sum(1 for _ in f)
     return wall, cpu, done
 

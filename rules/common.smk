@@ -63,6 +63,10 @@ def chat_template_kwargs(dataset):
     return settings.chat_template_kwargs(config, dataset)
 
 
+def inference_threads():
+    return settings.inference_threads(config)
+
+
 def plan_key(dataset):
     """The dataset's generation plan (turns, samples per prompt) as its budget status records it."""
     return settings.generation_plan(config, dataset).key()

@@ -19,6 +19,10 @@ rule inference:
         "benchmarks/inference/{dataset}.tsv"
     conda:
         "../envs/budgetgen.yaml"
+    # an HTTP client waits on the server: it takes no --cores, so every dataset's job runs at once
+    # under any --cores (the server's queue fills the slots a dataset's drain leaves idle); 1 with
+    # server.launch (the job starts a server of its own)
+    threads: inference_threads()
     resources:
         # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
         server_slots=lambda wc: generation_setting(wc.dataset, "concurrency"),

@@ -89,6 +89,14 @@ def chat_template_kwargs(config, dataset):
     return dict((generation_setting(config, dataset, "extra_body") or {}).get("chat_template_kwargs") or {})
 
 
+def inference_threads(config):
+    """Cores an inference job takes from Snakemake's --cores: none for an HTTP client (it waits on the
+    server, a fraction of a core), so the datasets' jobs overlap on one server under any --cores and
+    the server's queue fills the slots one dataset's drain leaves idle (--resources server_slots=N
+    caps the sum); one when the job launches a server of its own (server.launch)."""
+    return 1 if config["server"].get("launch") else 0
+
+
 def generation_plan(config, dataset):
     """How the dataset's prompts become generations (budgetgen.conversations.Plan)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731

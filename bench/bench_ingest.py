@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Benchmark 7: the client's ingest ceiling, budgetgen's inference job against a minimal stream reader.
+
+One token per SSE event (how real engines stream at low batch), a mock server with no token delay and
+long fixed-length responses, at 150 and 512 streams in flight. Per client, stream count and repetition,
+on a fresh server:
+
+  budgetgen   the real inference job (budgetgen.inference.run, as bench_client.py runs it: prompts file,
+              journal, dispatch rule, ChatClient over httpx) with a budget it never reaches
+  baseline    the least a client can do with the same stream: asyncio.open_connection, one HTTP/1.1
+              request (the same body budgetgen sends: stream_options include_usage and
+              continuous_usage_stats), StreamReader.readline per line, json.loads per `data:` event,
+              the text pieces joined; nothing journaled
+
+Each client runs in its own process (bench_client.py's children), which reports its wall time and its
+own CPU seconds (getrusage), so the figure is tokens per client CPU-second: what one client core can
+take in. Goal (issue 15): budgetgen >= 0.5x the baseline's tokens per CPU-second.
+
+    .venv/bin/python bench/bench_ingest.py [--quick] [--streams 150,512] [--tokens 400] [--reps 3]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import bench_client
+import common
+
+MODEL = "mock-model"
+CLIENTS = ("budgetgen", "baseline")
+GOAL_RATIO = 0.5
+
+
+def child_baseline(args):
+    """The minimal reader (see the module docstring); returns (wall, cpu, responses, tokens)."""
+    with open(args.prompts) as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    u = urlsplit(args.url)
+    path = u.path.rstrip("/") + "/chat/completions"
+
+    async def main():
+        sem = asyncio.Semaphore(args.concurrency)
+        done = tokens = 0
+
+        async def one(text):
+            nonlocal done, tokens
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True,
+                               "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                               "max_tokens": args.max_tokens}).encode()
+            async with sem:
+                reader, writer = await asyncio.open_connection(u.hostname, u.port)
+                writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n"
+                             % (path.encode(), u.netloc.encode(), len(body)) + body)
+                pieces, usage = [], None
+                loads = json.loads
+                while True:
+                    line = await reader.readline()
+                    if not line:
+                        break
+                    if not line.startswith(b"data: "):
+                        continue  # headers, chunk sizes, blank lines
+                    data = line[6:].strip()
+                    if data == b"[DONE]":
+                        break
+                    chunk = loads(data)
+                    for choice in chunk.get("choices") or ():
+                        piece = choice["delta"].get("content")
+                        if piece:
+                            pieces.append(piece)
+                    usage = chunk.get("usage") or usage
+                writer.close()
+                "".join(pieces)
+                done += 1
+                tokens += usage["completion_tokens"]
+
+        await asyncio.gather(*(one(t) for t in prompts))
+        return done, tokens
+
+    c0, t0 = bench_client.cpu_self(), time.perf_counter()
+    done, tokens = asyncio.run(main())
+    return time.perf_counter() - t0, bench_client.cpu_self() - c0, done, tokens
+
+
+def child_main(args):
+    if args.child == "baseline":
+        wall, cpu, done, tokens = child_baseline(args)
+    else:
+        wall, cpu, done = bench_client.child_budgetgen(args)
+        tokens = done * args.tokens
+    print(json.dumps({"wall": wall, "cpu": cpu, "done": done, "tokens": tokens}), flush=True)
+
+
+def one_run(client, streams, rep, work, prompts, args):
+    d = work / f"{client}-{streams}-{rep}"
+    d.mkdir()
+    proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens, "--tokens-per-s", 0,
+                                     "--tokens-per-event", 1, "--seed", rep], work / "servers")
+    try:
+        s0 = bench_client.proc_cpu(proc.pid)
+        cmd = [sys.executable, __file__, "--child", client, "--url", url, "--prompts", str(prompts), "--work", str(d),
+               "--concurrency", str(streams), "--max-tokens", str(args.tokens), "--tokens", str(args.tokens)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        server_cpu = bench_client.proc_cpu(proc.pid) - s0
+    finally:
+        common.stop_server(proc)
+    if out.returncode != 0:
+        raise RuntimeError(f"{client} child failed ({out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["done"] != args.requests:
+        raise RuntimeError(f"{client}: {res['done']} of {args.requests} requests done")
+    res["server_cpu"] = server_cpu
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a third of the tokens per run, one repetition")
+    ap.add_argument("--streams", default="150,512", help="streams in flight, comma-separated (default %(default)s)")
+    ap.add_argument("--tokens", type=int, default=400, help="tokens per response (default %(default)s)")
+    ap.add_argument("--total", type=int, default=600_000, help="tokens per run (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--child", choices=CLIENTS, help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--max-tokens", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child_main(args)
+    common.exit_on_sigterm()
+    if args.quick:
+        args.total //= 3
+        args.reps = 1
+    streams = [int(x) for x in args.streams.split(",") if x]
+    args.requests = max(max(streams), args.total // args.tokens)
+    runs = {(c, n): [] for c in CLIENTS for n in streams}
+    with tempfile.TemporaryDirectory(prefix="bench_ingest.") as tmp:
+        work = Path(tmp)
+        prompts = work / "prompts.jsonl"
+        bench_client.write_prompts(prompts, args.requests)
+        for rep in range(args.reps):
+            for n in streams:
+                for client in (CLIENTS if rep % 2 == 0 else CLIENTS[::-1]):  # alternate the order: drift
+                    res = one_run(client, n, rep, work, prompts, args)
+                    runs[(client, n)].append(res)
+                    print(f"  {client} {n} streams rep {rep}: {res['tokens'] / res['cpu']:,.0f} tokens per client "
+                          f"CPU-s, {res['tokens'] / res['wall']:,.0f} tokens/s, client CPU {res['cpu']:.2f} s, "
+                          f"server CPU {res['server_cpu']:.2f} s", file=sys.stderr, flush=True)
+
+    def med(key, fn):
+        return common.median([fn(r) for r in runs[key]])
+
+    rows, ratios = [], {}
+    for n in streams:
+        base = med(("baseline", n), lambda r: r["tokens"] / r["cpu"])
+        for client in CLIENTS:
+            key = (client, n)
+            per_cpu = med(key, lambda r: r["tokens"] / r["cpu"])
+            if client == "budgetgen":
+                ratios[n] = per_cpu / base
+            rows.append([n, client, f"{per_cpu:,.0f}", f"{per_cpu / base:.2f}x",
+                         f"{med(key, lambda r: r['tokens'] / r['wall']):,.0f}",
+                         f"{100 * med(key, lambda r: r['cpu'] / r['wall']):.0f}% / "
+                         f"{100 * med(key, lambda r: r['server_cpu'] / r['wall']):.0f}%"])
+    best = max(med(("budgetgen", n), lambda r: r["tokens"] / r["wall"]) for n in streams)
+    cores = len(os.sched_getaffinity(0))
+    notes = [
+        f"{args.requests} requests per run of {args.tokens} tokens each, 1 token per SSE event, usage on every "
+        f"event (continuous_usage_stats, as budgetgen asks), mock server --tokens-per-s 0; medians of {args.reps} "
+        f"runs, each on a fresh server, each client in its own process; {cores} CPU cores.",
+        "tokens per client CPU-s = completion tokens received / the client process's user + system CPU seconds "
+        "(getrusage): the rate one client core takes in. busy = CPU seconds / wall seconds (client / server).",
+        "goal: budgetgen >= 0.5x the baseline's tokens per CPU-s: " + ", ".join(
+            f"{n} streams {ratios[n]:.2f}x ({'met' if ratios[n] >= GOAL_RATIO else 'missed'})" for n in streams) + ".",
+        f"highest tokens/s one budgetgen job reached here: {best:,.0f} (wall clock; on this machine the mock "
+        "server shares the 2 cores, so wall rates are bounded by the two processes together).",
+    ]
+    common.report("ingest", "Client ingest ceiling: tokens per client CPU-second at 1 token per event",
+                  ["streams", "client", "tokens per client CPU-s", "vs baseline", "tokens/s (wall)",
+                   "busy client / server"], rows, notes)
+
+
+if __name__ == "__main__":
+    main()
