@@ -24,7 +24,13 @@ Tokens per SSE event (--tokens-per-event, default 1,4,16): the server puts that 
 tokens in flight. budgetgen runs at every value; the baselines, whose dispatch never looks at the
 streams in flight, at the first value only (--baselines-every-size: at every value too).
 
+Budgets as multiples of the mean length (--budget-means, e.g. 100,1000: issue 15's goal 1): the budget
+of each run is that many mean-length responses instead of production's 10M / 3500 = 2857; with
+concurrency 150 a budget of 100 means is less than what 150 requests in flight make, the hardest case
+for the rule.
+
     .venv/bin/python bench/bench_budget.py [--quick | --full] [--seeds N] [--scale F] [--tokens-per-event 1,4,16]
+                                           [--budget-means 100,1000 --scale 10 --policies budgetgen]
 """
 
 import argparse
@@ -46,9 +52,12 @@ POLICIES = ("budgetgen", "fixed-n", "cancel", "finish")
 GOAL_PCT = 0.5
 
 
-def shape(scale):
-    return {"budget": round(PROD["budget"] / scale), "mean": PROD["mean"] / scale,
-            "max_tokens": round(PROD["max_tokens"] / scale), "concurrency": PROD["concurrency"]}
+def shape(scale, budget_means=None):
+    """The run's shape: production's lengths divided by `scale`; the budget too, or `budget_means` mean lengths."""
+    mean = PROD["mean"] / scale
+    budget = round(PROD["budget"] / scale) if budget_means is None else round(budget_means * mean)
+    return {"budget": budget, "mean": mean, "max_tokens": round(PROD["max_tokens"] / scale),
+            "concurrency": PROD["concurrency"], "budget_means": budget / mean}
 
 
 def write_prompts(path, n):
@@ -59,7 +68,7 @@ def write_prompts(path, n):
 
 
 def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True):
-    d = work / f"budgetgen-{seed}-{per_event}"
+    d = work / f"budgetgen-{seed}-{per_event}-{sh['budget']}"
     d.mkdir()
     config = {"server": {"base_url": url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 120,
                          "continuous_usage_stats": bool(continuous_usage)},
@@ -85,7 +94,7 @@ def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True
 
 async def run_baseline(policy, order, url, sh):
     budget, conc = sh["budget"], sh["concurrency"]
-    n_fixed = round(PROD["budget"] / PROD["mean"])  # B / mean length, the same at every scale
+    n_fixed = round(sh["budget_means"])  # B / mean length, the same at every scale
     params = {"model": MODEL, "max_tokens": sh["max_tokens"]}
     client = ChatClient(url, MODEL, timeout_s=120, concurrency=conc)
     kept = responses = dispatched = 0
@@ -157,6 +166,9 @@ def main(argv=None):
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (default all)")
     ap.add_argument("--tokens-per-event", default="1,4,16",
                     help="comma-separated tokens per SSE event of the mock server (default %(default)s)")
+    ap.add_argument("--budget-means", default="",
+                    help="comma-separated budgets in mean lengths, e.g. 100,1000 (default: production's budget, "
+                         "10M / 3500 = 2857 means, scaled with the lengths)")
     ap.add_argument("--baselines-every-size", action="store_true",
                     help="run the baselines at every --tokens-per-event value too, not only the first")
     ap.add_argument("--no-continuous-usage", action="store_true",
@@ -176,9 +188,11 @@ def main(argv=None):
         ap.error(f"--tokens-per-event: not a list of integers: {args.tokens_per_event}")
     if not sizes or min(sizes) < 1:
         ap.error("--tokens-per-event: give integers >= 1")
-    runs = [(p, n) for n in sizes for p in policies
+    multiples = [float(x) for x in args.budget_means.split(",") if x.strip()] or [None]
+    runs = [(p, n, m) for m in multiples for n in sizes for p in policies
             if p == "budgetgen" or args.baselines_every_size or n == sizes[0]]
-    sh = shape(scale)
+    shapes = {m: shape(scale, m) for m in multiples}
+    sh = shapes[multiples[0]]
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
         args.chunk_interval_s = 0.2 if scale >= 16 else 0.5
@@ -187,16 +201,17 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="bench_budget.") as tmp:
         work = Path(tmp)
         prompts = work / "prompts.jsonl"
-        n_prompts = 3 * round(PROD["budget"] / PROD["mean"])
+        n_prompts = 3 * round(max(s["budget_means"] for s in shapes.values()))
         write_prompts(prompts, n_prompts)
         pset = load_prompts(str(prompts))
         by_id = {p.id: p for p in pset.prompts}
         for seed in range(1, seeds + 1):
             order = [[dict(m) for m in by_id[i].messages] for i in dispatch_order(by_id, seed)]
-            for policy, n in runs:
-                r = one_run(policy, seed, n, work, prompts, order, sh, args)
-                per[policy, n].append(r)
-                print(f"seed {seed} {policy:9s} {n:>2}/event kept {r['kept']:>10,} ({r['over_pct']:+.3f}%) "
+            for policy, n, m in runs:
+                r = one_run(policy, seed, n, work, prompts, order, shapes[m], args)
+                per[policy, n, m].append(r)
+                print(f"seed {seed} {policy:9s} {n:>2}/event budget {shapes[m]['budget']:,} "
+                      f"kept {r['kept']:>10,} ({r['over_pct']:+.3f}%) "
                       f"not kept {r['discard_pct']:.3f}% (abandoned {r['abandoned_pct']:.3f}%) "
                       f"<half busy {r['low_pct']:.1f}% of {r['span_s']:.1f}s, {r['responses']} responses, "
                       f"wall {r['wall_s']:.1f}s", flush=True)
@@ -207,22 +222,29 @@ def main(argv=None):
     def worst(p, k):
         return max((r[k] for r in per[p]), key=abs)
 
-    headers = ["policy", "tokens / SSE event", "kept vs budget, median", "worst", "not kept (% of budget), median", "max",
+    headers = ["policy", "tokens / SSE event", "budget (mean lengths)", "kept vs budget, median", "worst", "not kept (% of budget), median", "max",
                "abandoned mid-stream, median", "time < half slots busy, median", "max", "responses, median",
                "wall s, median"]
     rows = []
     for p in runs:
-        rows.append([p[0], p[1], f"{med(p, 'over_pct'):+.3f}%", f"{worst(p, 'over_pct'):+.3f}%",
+        rows.append([p[0], p[1], f"{shapes[p[2]]['budget']:,} ({shapes[p[2]]['budget_means']:.0f})",
+                     f"{med(p, 'over_pct'):+.3f}%", f"{worst(p, 'over_pct'):+.3f}%",
                      f"{med(p, 'discard_pct'):.3f}%", f"{max(r['discard_pct'] for r in per[p]):.3f}%",
                      f"{med(p, 'abandoned_pct'):.3f}%", f"{med(p, 'low_pct'):.1f}%",
                      f"{max(r['low_pct'] for r in per[p]):.1f}%", round(med(p, "responses")),
                      f"{med(p, 'wall_s'):.1f}"])
+    budgets = ", ".join(f"{x['budget']:,}" for x in shapes.values())
     notes = [
         f"{seeds} seeds (server length seed = dispatch-order seed); medians, and the worst (largest |x|) or max "
         "of the seeds. Every policy of a seed sees the same prompts, order and responses, on a fresh server.",
-        f"Shape: budget {sh['budget']:,}, lognormal lengths mean {sh['mean']:g} (sigma {args.sigma:g}), "
+        f"Shape: budget {budgets}, lognormal lengths mean {sh['mean']:g} (sigma {args.sigma:g}), "
         f"max_tokens {sh['max_tokens']}, concurrency {sh['concurrency']} = server slots"
-        + ("." if scale == 1 else
+        + ("." if scale == 1 and not args.budget_means else
+           f": production's lengths (mean 3500, max_tokens 10240) divided by {scale:g}, budgets of "
+           f"{args.budget_means} mean lengths (in flight / budget "
+           + ", ".join(f"{100 * x['concurrency'] * x['mean'] / x['budget']:.0f} %" for x in shapes.values())
+           + "); tokens per event are not scaled, so an event is a larger share of a response than in production."
+           if args.budget_means else
            f": production (budget 10M, mean 3500, max_tokens 10240) with lengths and budget divided by {scale:g} "
            "because this machine's mock server and client push ~20k tokens/s, not 10M in minutes. The number of "
            f"responses and in flight / budget ({100 * sh['concurrency'] * sh['mean'] / sh['budget']:.2f} %) "
@@ -254,7 +276,7 @@ def main(argv=None):
         under = min(r["over_pct"] for r in per[p])
         disc = max(r["discard_pct"] for r in per[p])
         met = over <= GOAL_PCT and under >= 0 and disc <= GOAL_PCT
-        notes.append(f"Goal at {p[1]} token(s) per event (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
+        notes.append(f"Goal at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,} (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
                      f"not kept on every seed): {'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, "
                      f"not kept max {disc:.3f}%).")
     common.report("budget", "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight",

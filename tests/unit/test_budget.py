@@ -1,5 +1,8 @@
 import math
 import random
+import statistics
+
+import pytest
 
 from budgetgen.budget import DispatchPolicy, LengthModel, StreamProgress
 
@@ -180,16 +183,17 @@ def test_final_moments_stay_within_the_proved_bounds_at_the_extremes():
 
 
 def test_the_shortcut_never_dispatches_where_the_full_rule_stops():
-    # One length of 1 seen, max_tokens 1000, one request just sent: the blend (w = 1/20) has mean
-    # 950.05 and variance 284,430 (sd 533, above the old shortcut's 1000 / 2), so the full rule's
-    # total is 2016.7 and a budget of 2010 means stop; the old shortcut (1000 + 2 * 500 = 2000 < 2010)
-    # dispatched.
+    # One length of 1 seen, max_tokens 1000, one request just sent: the blend (w = 1/20) of what the
+    # finished length and the request in flight say (half the mass at 1, half at 1000) with the prior
+    # has a spread (sd 511) above the old shortcut's 1000 / 2, so with the budget just at the full
+    # rule's total (1997.5, rounded down) the full rule stops, and the old shortcut (1000 + 2 * 500 = 2000) would
+    # have dispatched.
     m = LengthModel(1000, [1])
-    p = DispatchPolicy(2010, m)
-    mean, var = p.expected_total(0, [0])
-    assert mean + p.Z * var**0.5 >= 2010
+    mean, var = DispatchPolicy(1, m).expected_total(0, [0])
+    assert var**0.5 > 500 and 1997 < mean + 2 * var**0.5 < 2000
+    p = DispatchPolicy(1997, m)
     assert not p.may_dispatch(0, [0])
-    assert p.total_bound(0, [0]) >= 2010
+    assert p.total_bound(0, [0]) >= 1997
     # The same at every blend weight and several requests in flight, streamed or not, with the
     # lengths seen at k + 1 (where the variance peaks): budget = the full total rounded down, so
     # the full rule says stop; the bound must not say dispatch.
@@ -239,3 +243,42 @@ def test_overshoot_with_several_tokens_per_sse_event_stays_within_half_a_percent
     kept, _ = simulate(budget=100_000, concurrency=150, mean=35, sigma=0.8, max_tokens=102, seed=0,
                        chunk_tokens=13, tokens_per_event=4, count="events")
     assert kept > 101_000  # what the simulation says of counting events: the defect, reproduced
+
+
+def test_requests_in_flight_correct_the_short_bias_of_the_finished_ones():
+    # The responses that finish first are the short ones: from the finished alone, a request just
+    # sent looks short. Known to be longer than what they have streamed, the requests in flight
+    # (Kaplan-Meier) put the estimate back: 10 finished of length 10, 10 in flight past 50.
+    m = LengthModel(1000, [10] * 10 + [100] * 20)
+    inflight = [60] * 10
+    finished_only = m.final_moments(0)[0]
+    with_inflight = m.given_inflight(inflight).final_moments(0)[0]
+    assert finished_only == (10 * 10 + 100 * 20) / 30
+    # 10/40 of the mass at 10 (40 at risk there), the rest at 100: past 60 the ten in flight are as
+    # likely as the twenty that reached 100 to end there; finished only, a third would be at 10
+    assert with_inflight == pytest.approx(0.25 * 10 + 0.75 * 100) and with_inflight > finished_only
+    # one in flight that has outrun every finished response: what is left beyond 100 goes to the cap
+    assert m.given_inflight(inflight + [500]).final_moments(0)[0] > with_inflight
+    # nothing in flight: the finished lengths' own moments
+    assert m.given_inflight([]).final_moments(5) == pytest.approx(m.final_moments(5))
+    # the moments stay within the bounds the shortcut rests on
+    for k in (0, 10, 59, 60, 100, 999, 1000, 1500):
+        mean, var = m.given_inflight(inflight + [k]).final_moments(k)
+        mean_hi, var_hi = m.moment_bounds(k)
+        assert k + 1 <= mean <= mean_hi and 0 <= var <= var_hi
+
+
+def test_overshoot_at_budgets_of_100_and_1000_mean_lengths():
+    # Issue 15 goal 1's shapes at concurrency 150 (lengths mean 350, max_tokens 1024): a budget of
+    # 1000 mean lengths stays within +0.5 %; at 100 the floor is the last response itself (an oracle
+    # that knows every length lands at +0.06 .. +2.1 % on these seeds, median +0.5 %). Counting the
+    # finished responses alone (before the Kaplan-Meier estimate) gave medians of +0.30 % and +4.7 %,
+    # worst +0.81 % and +26.5 %.
+    for budget, median_max, worst_max in ((350_000, 0.25, 0.5), (35_000, 1.5, 6.0)):
+        overs = []
+        for seed in range(6):
+            kept, _ = simulate(budget=budget, concurrency=150, mean=350, sigma=0.8, max_tokens=1024,
+                               seed=seed, chunk_tokens=40)
+            assert kept >= budget
+            overs.append(100 * (kept - budget) / budget)
+        assert statistics.median(overs) <= median_max and max(overs) <= worst_max, (budget, overs)
