@@ -8,6 +8,10 @@ mean 3500, sigma 0.8, clipped at max_tokens 10240, 150 slots). Per policy and se
   fixed-n       n = B / mean prompts, all kept (the usual script)
   cancel        dispatch until kept >= B, then cancel everything in flight
   finish        dispatch until kept >= B, then let what is in flight finish and keep it
+  oracle        the floor: knows every response's length before asking (computed from the mock server's
+                deterministic lengths, no server run), dispatches in the same order until the lengths
+                reach B; what it keeps over B is the last response's excess, which no policy that keeps
+                every response it asked for can avoid
 
 The baselines use budgetgen's own async client (budgetgen.client.ChatClient) and the same seeded
 prompt order, so every policy sees the same responses in the same order. Measured: kept tokens vs B,
@@ -48,7 +52,7 @@ from budgetgen.prompts import dispatch_order, load_prompts
 
 PROD = {"budget": 10_000_000, "mean": 3500, "max_tokens": 10240, "concurrency": 150}
 MODEL = "mock-model"
-POLICIES = ("budgetgen", "fixed-n", "cancel", "finish")
+POLICIES = ("budgetgen", "fixed-n", "cancel", "finish", "oracle")
 GOAL_PCT = 0.5
 
 
@@ -121,12 +125,30 @@ async def run_baseline(policy, order, url, sh):
     return kept, responses
 
 
+def oracle(order, server_args, sh):
+    """Kept tokens and responses of the oracle (see the module docstring)."""
+    cfg = common.mock_server.parse_args([str(a) for a in server_args])
+    kept = responses = 0
+    for messages in order:
+        if kept >= sh["budget"]:
+            break
+        kept += len(common.mock_server.Plan(cfg, messages, sh["max_tokens"]).words)
+        responses += 1
+    return kept, responses
+
+
 def one_run(policy, seed, per_event, work, prompts, order, sh, args):
     rate = args.rate_per_mean * sh["mean"]  # time per response independent of the scale
     server_args = ["--length-dist", "lognormal", "--mean-tokens", sh["mean"], "--sigma", args.sigma,
                    "--seed", seed, "--slots", sh["concurrency"], "--tokens-per-s", rate,
                    "--chunk-interval-s", args.chunk_interval_s, "--sample-interval", args.sample_interval,
                    "--tokens-per-event", per_event]
+    if policy == "oracle":
+        kept, responses = oracle(order, server_args, sh)
+        b = sh["budget"]
+        return {"over_pct": 100.0 * (kept - b) / b, "discard_pct": 0.0, "abandoned_pct": 0.0, "low_pct": 0.0,
+                "busy_pct": 100.0, "span_s": 0.0, "wall_s": 0.0, "responses": responses, "kept": kept,
+                "generated": kept}
     proc, url = common.start_server(server_args, work / "servers")
     try:
         if policy == "budgetgen":
