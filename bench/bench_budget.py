@@ -278,8 +278,10 @@ def main(argv=None):
         "not kept = server tokens_generated - kept tokens (generated for nothing); abandoned = cut off "
         "mid-stream (tokens_abandoned). Time < half slots busy: share of first-request-to-last-response "
         "time with fewer than 75 of 150 slots generating (server occupancy timeline).",
-        "fixed-n: n = budget / mean = 2857 prompts; it falls short because clipping at max_tokens makes the "
-        "real mean lower than the nominal one, and by chance.",
+        f"fixed-n: n = budget / mean = {', '.join(str(round(x['budget_means'])) for x in shapes.values())} prompts; "
+        "it falls short because clipping at max_tokens makes the real mean lower than the nominal one, and by chance.",
+        "oracle: the floor of any policy that keeps every response it asks for (it knows each length beforehand "
+        "and stops at the first response that reaches the budget); the goal cannot be tighter than its worst seed.",
         "Tokens / SSE event: the mock server's --tokens-per-event (each event carries that many tokens' text, "
         "the last one fewer, sent once its last token is due; chunks still every "
         f"{args.chunk_interval_s:g} s, so an event longer than a chunk interval is a chunk of its own). "
@@ -301,7 +303,8 @@ def main(argv=None):
         notes.append(f"Goal at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,} (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
                      f"not kept on every seed): {'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, "
                      f"not kept max {disc:.3f}%).")
-    common.report("budget", "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight",
+    name = "budget-means" if args.budget_means else "budget"
+    common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight, oracle",
                   headers, rows, notes)
     return 0
 
