@@ -101,8 +101,9 @@ def child_main(args):
 def one_run(client, streams, rep, work, prompts, args):
     d = work / f"{client}-{streams}-{rep}"
     d.mkdir()
-    proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens, "--tokens-per-s", 0,
-                                     "--tokens-per-event", 1, "--seed", rep], work / "servers")
+    proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens, "--tokens-per-s", args.rate,
+                                     "--chunk-interval-s", 0.01, "--tokens-per-event", 1, "--seed", rep],
+                                    work / "servers")
     try:
         s0 = bench_client.proc_cpu(proc.pid)
         cmd = [sys.executable, __file__, "--child", client, "--url", url, "--prompts", str(prompts), "--work", str(d),
@@ -127,6 +128,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=400, help="tokens per response (default %(default)s)")
     ap.add_argument("--total", type=int, default=600_000, help="tokens per run (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=100.0,
+                    help="tokens/s per stream (default %(default)s: one event per network read, as from an engine "
+                         "at low batch; 0 = as fast as the server can, 64 events per write)")
     ap.add_argument("--child", choices=CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -175,7 +179,9 @@ def main():
     cores = len(os.sched_getaffinity(0))
     notes = [
         f"{args.requests} requests per run of {args.tokens} tokens each, 1 token per SSE event, usage on every "
-        f"event (continuous_usage_stats, as budgetgen asks), mock server --tokens-per-s 0; medians of {args.reps} "
+        f"event (continuous_usage_stats, as budgetgen asks), mock server --tokens-per-s {args.rate:g} per stream "
+        f"(chunks every 10 ms: {'one event per network read' if 0 < args.rate <= 100 else 'several events per read'}); "
+        f"medians of {args.reps} "
         f"runs, each on a fresh server, each client in its own process; {cores} CPU cores.",
         "tokens per client CPU-s = completion tokens received / the client process's user + system CPU seconds "
         "(getrusage): the rate one client core takes in. busy = CPU seconds / wall seconds (client / server).",
