@@ -139,21 +139,30 @@ def one_run(client, rep, work, prompts, args):
     proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.mean_tokens,
                                      "--tokens-per-s", 0, "--seed", rep], work / "servers")
     try:
-        s0 = proc_cpu(proc.pid)
-        cmd = [sys.executable, __file__, "--child", client, "--url", url, "--prompts", str(prompts),
-               "--work", str(d), "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens)]
-        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-        server_cpu = proc_cpu(proc.pid) - s0
+        res = run_child(__file__, client, proc, url, prompts, d, args.requests,
+                        ["--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens)])
         st = common.settled_stats(url)
     finally:
         common.stop_server(proc)
+    res["server_ok"] = st.get("by_status", {}).get("200", st.get("by_status", {}).get(200))
+    return res
+
+
+def run_child(script, client, proc, url, prompts, work, requests, extra):
+    """Run `script --child client` against the server `proc` at `url`; its result ({wall, cpu, done, ...},
+    the last line it prints) with the server's CPU seconds over the run (server_cpu). Fails unless every
+    one of `requests` was done."""
+    s0 = proc_cpu(proc.pid)
+    cmd = [sys.executable, str(script), "--child", client, "--url", url, "--prompts", str(prompts),
+           "--work", str(work), *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    server_cpu = proc_cpu(proc.pid) - s0
     if out.returncode != 0:
         raise RuntimeError(f"{client} child failed ({out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["done"] != args.requests:
-        raise RuntimeError(f"{client}: {res['done']} of {args.requests} requests done")
+    if res["done"] != requests:
+        raise RuntimeError(f"{client}: {res['done']} of {requests} requests done")
     res["server_cpu"] = server_cpu
-    res["server_ok"] = st.get("by_status", {}).get("200", st.get("by_status", {}).get(200))
     return res
 
 

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -105,20 +104,11 @@ def one_run(client, streams, rep, work, prompts, args):
                                      "--chunk-interval-s", 0.01, "--tokens-per-event", 1, "--seed", rep],
                                     work / "servers")
     try:
-        s0 = bench_client.proc_cpu(proc.pid)
-        cmd = [sys.executable, __file__, "--child", client, "--url", url, "--prompts", str(prompts), "--work", str(d),
-               "--concurrency", str(streams), "--max-tokens", str(args.tokens), "--tokens", str(args.tokens)]
-        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-        server_cpu = bench_client.proc_cpu(proc.pid) - s0
+        return bench_client.run_child(__file__, client, proc, url, prompts, d, args.requests,
+                                      ["--concurrency", str(streams), "--max-tokens", str(args.tokens),
+                                       "--tokens", str(args.tokens)])
     finally:
         common.stop_server(proc)
-    if out.returncode != 0:
-        raise RuntimeError(f"{client} child failed ({out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["done"] != args.requests:
-        raise RuntimeError(f"{client}: {res['done']} of {args.requests} requests done")
-    res["server_cpu"] = server_cpu
-    return res
 
 
 def main():

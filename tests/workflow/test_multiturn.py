@@ -35,6 +35,15 @@ def write_conversations(path, n, turns=3, prefix="c"):
     return path
 
 
+def conversation_workflow(tmp_path, srv, tokenizer, n, **generation):
+    """A workflow with one dataset M of n 3-turn conversations (work/conv.jsonl) against srv."""
+    wf_dir = tmp_path / "work"
+    wf_dir.mkdir()
+    write_conversations(wf_dir / "conv.jsonl", n)
+    generation = {"token_budget": 10**6, "max_tokens": MAX_TOKENS, **generation}
+    return Workflow(wf_dir, base_config(srv.base_url, tokenizer, {"M": {"prompts": "conv.jsonl"}}, **generation))
+
+
 def user_turns(path):
     """{conversation id: [user text of turn 1, 2, ...]} of a prompts file."""
     return {p.id: [m["content"] for m in p.messages if m["role"] == "user"]
@@ -83,12 +92,8 @@ SERVER_ARGS = ["--mean-tokens", "24", "--reasoning-share", "0.3"]  # every answe
 def test_three_user_turns_make_three_rows_holding_the_targets_own_answers(tmp_path, server, tiny_tokenizer):
     srv = server(*SERVER_ARGS)
     cfg = mock_server.parse_args(SERVER_ARGS)
-    wf_dir = tmp_path / "work"
-    wf_dir.mkdir()
-    write_conversations(wf_dir / "conv.jsonl", 4)
-    config = base_config(srv.base_url, tiny_tokenizer, {"M": {"prompts": "conv.jsonl"}}, token_budget=10**6,
-                         max_tokens=MAX_TOKENS, turns="all")
-    wf = Workflow(wf_dir, config)
+    wf = conversation_workflow(tmp_path, srv, tiny_tokenizer, 4, turns="all")
+    wf_dir = wf.dir
     wf.run("--cores", "2", "all")
     records = by_id(wf.records("M", "raw_responses.jsonl"))
     assert len(records) == 12
@@ -184,12 +189,8 @@ def test_kill_mid_conversation_then_resume_regenerates_no_turn_and_loses_none(tm
 
 def test_budget_cut_mid_conversation_keeps_the_finished_turns(tmp_path, server, tiny_tokenizer):
     srv = server("--mean-tokens", "20")
-    wf_dir = tmp_path / "work"
-    wf_dir.mkdir()
-    write_conversations(wf_dir / "conv.jsonl", 20)
-    config = base_config(srv.base_url, tiny_tokenizer, {"M": {"prompts": "conv.jsonl"}}, token_budget=150,
-                         max_tokens=MAX_TOKENS, concurrency=2, turns="all")
-    wf = Workflow(wf_dir, config)
+    wf = conversation_workflow(tmp_path, srv, tiny_tokenizer, 20, token_budget=150, concurrency=2, turns="all")
+    wf_dir = wf.dir
     wf.run("--cores", "1", "all")
     records = wf.records("M", "raw_responses.jsonl")
     tokens = sum(r["usage"]["completion_tokens"] for r in records)
@@ -276,12 +277,8 @@ def test_a_permanent_error_on_a_later_turn_ends_that_conversation_only(tmp_path,
     args = ["--mean-tokens", "20", "--fail-400", "0.25", "--fault-seed", "3"]
     srv = server(*args)
     cfg = mock_server.parse_args(args)
-    wf_dir = tmp_path / "work"
-    wf_dir.mkdir()
-    write_conversations(wf_dir / "conv.jsonl", 12)
-    config = base_config(srv.base_url, tiny_tokenizer, {"M": {"prompts": "conv.jsonl"}}, token_budget=10**6,
-                         max_tokens=MAX_TOKENS, turns="all")
-    wf = Workflow(wf_dir, config)
+    wf = conversation_workflow(tmp_path, srv, tiny_tokenizer, 12, turns="all")
+    wf_dir = wf.dir
     refuses = lambda messages: mock_server.MockServer.fails_400(SimpleNamespace(cfg=cfg), messages)  # noqa: E731
     ended_at = {}  # conversation -> the turn whose request the server refuses (by its deterministic rule)
     for cid, users in user_turns(wf_dir / "conv.jsonl").items():
@@ -310,12 +307,7 @@ def test_a_permanent_error_on_a_later_turn_ends_that_conversation_only(tmp_path,
 
 def test_switching_turns_to_all_plans_the_work_it_adds(tmp_path, server, tiny_tokenizer):
     srv = server("--mean-tokens", "20")
-    wf_dir = tmp_path / "work"
-    wf_dir.mkdir()
-    write_conversations(wf_dir / "conv.jsonl", 3)
-    config = base_config(srv.base_url, tiny_tokenizer, {"M": {"prompts": "conv.jsonl"}}, token_budget=10**6,
-                         max_tokens=MAX_TOKENS)
-    wf = Workflow(wf_dir, config)
+    wf = conversation_workflow(tmp_path, srv, tiny_tokenizer, 3)
     wf.run("--cores", "1", "all")
     assert len(wf.records("M")) == 3  # turns: last: one generation per conversation, exhausted
     wf.config["generation"]["turns"] = "all"
