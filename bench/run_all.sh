@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (first use) and run every benchmark; each prints its table and writes bench/results/NAME.md.
-#   bash bench/run_all.sh            the default sizes (about 15 min on 2 cores)
+#   bash bench/run_all.sh            the default sizes (about 35 min on 2 cores: occupancy alone 15)
 #   bash bench/run_all.sh --quick    smoke sizes (a few minutes)
 # Extra arguments go to every benchmark (--quick is understood by all of them).
 set -euo pipefail
@@ -10,7 +10,7 @@ bash bin/setup
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$SECONDS
 times=()
-for b in budget occupancy client tokenize resume dag; do
+for b in budget occupancy client ingest tokenize resume dag; do
   echo "=== bench_$b.py $*" >&2
   t0=$SECONDS
   .venv/bin/python "bench/bench_$b.py" "$@"
