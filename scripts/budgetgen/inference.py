@@ -83,7 +83,6 @@ class RunStats:
         self.retry_kinds = {}
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
         self.errors = 0  # permanent errors of this run
-        self.ended = 0  # conversations a permanent error ended before their last turn, this run
         self.rates = Rates()
 
     def retried(self, exc):
@@ -303,7 +302,6 @@ class InferenceJob:
                 self.stats.errors += 1
                 rs.errored.add(gid)
                 ended = f"; conversation {chain.id} ends at turn {gen.k - 1} of {chain.n_turns}" if gen.k > 1 else ""
-                self.stats.ended += bool(ended)
                 log.info(f"error (not retried) for {gid}: {exc}{ended}")
                 self.errors.add(gid, messages, exc, chain.where(gen.k))
                 self.client.pool.forget(chain.id)
