@@ -26,6 +26,9 @@ rule inference:
     resources:
         # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
         server_slots=lambda wc: generation_setting(wc.dataset, "concurrency"),
+        # a SLURM job's CPUs (sbatch refuses the 0 threads would give); profiles/slurm sets those of a
+        # launched server
+        cpus_per_task=1,
     params:
         # the rerun trigger: content settings (budget, max_tokens, temperature, top_p, seed, extra_body;
         # budgetgen.settings.CONTENT_GENERATION_KEYS); the job reads every setting from the config
