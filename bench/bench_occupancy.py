@@ -43,7 +43,6 @@ PROFILES = {
     8: {"chat": (400, 0.06), "qa": (800, 0.1), "summ": (1200, 0.1), "code": (1500, 0.14), "math": (2000, 0.14),
         "agent": (2500, 0.12), "reason": (3600, 0.18), "proof": (5000, 0.16)},
 }
-DATASETS = PROFILES[8]
 PROD_MAX_TOKENS = 10240
 README_CORES = 8  # `snakemake --cores 8 all`, the README's command
 
@@ -59,7 +58,7 @@ def split(total, weights):
 
 def settings(args):
     """[(label, {dataset: concurrency}, server_slots resource or None, --cores)] in run order."""
-    names = list(DATASETS)
+    names = list(args.profiles)
     every = {n: args.slots for n in names}
     out = []
     for name in args.settings:
@@ -103,7 +102,7 @@ def one_run(label, conc, resource, cores, seed, work, tok, args):
                    "--sample-interval", 0.05]
     proc, url = common.start_server(server_args, d / "server")
     datasets = {}
-    for name, (mean, _) in DATASETS.items():
+    for name, (mean, _) in args.profiles.items():
         prompts = d / f"{name}.jsonl"
         budget = args.budgets[name]
         write_prompts(prompts, name, 3 * budget // max(1, round(mean / args.scale)) + 100)
@@ -117,7 +116,7 @@ def one_run(label, conc, resource, cores, seed, work, tok, args):
         "datasets": datasets,
     }
     (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    targets = ([f"results/{n}/inference.done" for n in DATASETS] if args.target == "inference" else [args.target])
+    targets = ([f"results/{n}/inference.done" for n in args.profiles] if args.target == "inference" else [args.target])
     cmd = [sys.executable, "-m", "snakemake", *targets, "-s", str(common.REPO / "Snakefile"), "-d", str(d),
            "--configfile", str(d / "config.yaml"), "--cores", str(cores)]
     if resource is not None:
@@ -134,7 +133,7 @@ def one_run(label, conc, resource, cores, seed, work, tok, args):
     if rc != 0:
         raise RuntimeError(f"snakemake failed ({rc}) for {label}:\n{(d / 'snakemake.log').read_text()[-4000:]}")
     busy, low, span = common.occupancy(st["timeline"], args.slots)
-    done = {n: json.loads((d / "results" / n / "inference.done").read_text()) for n in DATASETS}
+    done = {n: json.loads((d / "results" / n / "inference.done").read_text()) for n in args.profiles}
     over = max(v["overshoot_pct"] for v in done.values())
     return {"busy_pct": 100 * busy, "span_s": span, "wall_s": wall, "max_over_pct": over,
             "states": {v["state"] for v in done.values()}}
@@ -166,8 +165,7 @@ def main(argv=None):
                          "only, the jobs that use the server)")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()
-    global DATASETS
-    DATASETS = PROFILES[args.datasets]
+    args.profiles = PROFILES[args.datasets]
     args.oversub = [float(x) for x in args.oversub.split(",") if x]
     args.settings = [x for x in args.settings.split(",") if x]
     seeds = args.seeds or (1 if args.quick else 3)
@@ -175,7 +173,7 @@ def main(argv=None):
         args.run_s /= 2
     args.max_tokens = round(PROD_MAX_TOKENS / args.scale)
     total = round(args.run_s * args.slots * args.rate)  # tokens the server makes in run_s at full occupancy
-    args.budgets = dict(zip(DATASETS, split(total, [w for _, w in DATASETS.values()])))
+    args.budgets = dict(zip(args.profiles, split(total, [w for _, w in args.profiles.values()])))
 
     runs = settings(args)
     per = {label: [] for label, *_ in runs}
@@ -192,26 +190,26 @@ def main(argv=None):
 
     first = runs[0][0]
     seq_span = common.median([r["span_s"] for r in per[first]])
-    headers = ["setting", f"concurrency {'/'.join(DATASETS)}", "server_slots", "busy slots, median", "min",
+    headers = ["setting", f"concurrency {'/'.join(args.profiles)}", "server_slots", "busy slots, median", "min",
                "first request to last response s", f"vs {first}", "snakemake wall s", f">= {GOAL:g} %"]
     rows = []
     for label, conc, resource, _ in runs:
         rs = per[label]
         busy = common.median([r["busy_pct"] for r in rs])
         span = common.median([r["span_s"] for r in rs])
-        rows.append([label, "/".join(str(conc[n]) for n in DATASETS), resource or "no cap", f"{busy:.1f}%",
+        rows.append([label, "/".join(str(conc[n]) for n in args.profiles), resource or "no cap", f"{busy:.1f}%",
                      f"{min(r['busy_pct'] for r in rs):.1f}%", f"{span:.1f}", f"{span / seq_span:.2f}x",
                      f"{common.median([r['wall_s'] for r in rs]):.1f}",
                      "yes" if min(r["busy_pct"] for r in rs) >= GOAL else "no"])
-    means = "/".join(f"{m / args.scale:g}" for m, _ in DATASETS.values())
-    budgets = "/".join(f"{args.budgets[n]:,}" for n in DATASETS)
+    means = "/".join(f"{m / args.scale:g}" for m, _ in args.profiles.values())
+    budgets = "/".join(f"{args.budgets[n]:,}" for n in args.profiles)
     max_resp = args.max_tokens / args.rate
     notes = [
         f"{seeds} seed(s); medians and minimum of the busy-slot share (time-weighted busy slots / {args.slots} "
         "slots, first request to last response, from the server's occupancy timeline).",
-        f"One mock server: {args.slots} slots, {args.rate:g} tokens/s per stream. Datasets {'/'.join(DATASETS)}: "
+        f"One mock server: {args.slots} slots, {args.rate:g} tokens/s per stream. Datasets {'/'.join(args.profiles)}: "
         f"lognormal (sigma {args.sigma:g}) means {means} tokens (production "
-        f"{'/'.join(str(m) for m, _ in DATASETS.values())} divided by {args.scale:g}, via extra_body "
+        f"{'/'.join(str(m) for m, _ in args.profiles.values())} divided by {args.scale:g}, via extra_body "
         f"mock_mean_tokens), max_tokens {args.max_tokens}, budgets {budgets} tokens.",
         f"The whole run is ~{args.run_s:g} s of full-server work, {args.run_s / max_resp:.0f}x the longest "
         f"response ({max_resp:.2f} s); production (8 x 10M tokens, responses up to 10,240 tokens at ~5 tokens/s "

@@ -217,25 +217,6 @@ class StreamedResponse:
                           prompt_token_ids=self.prompt_ids if self.want_ids else None)
 
 
-def _feed_lines(out, lines, n, url, loads=json.loads):
-    """Feed the `data:` events among lines[:n] (bytes, without their newline) to `out`; True at [DONE]."""
-    for i in range(n):
-        line = lines[i]
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return True
-        if not data:
-            continue
-        try:
-            chunk = loads(data)
-        except ValueError:
-            raise TransientError(f"malformed stream chunk from {url}") from None
-        out.feed(chunk, data)
-    return False
-
-
 class TokenRate:
     """Characters per token of the responses finished so far, to count tokens from text when a
     server sends neither per-chunk usage nor token ids. Until enough is seen, a low prior (more
@@ -560,7 +541,7 @@ class ChatClient:
             body["return_token_ids"] = True
         url = f"{ep.base_url}/chat/completions"
         out = StreamedResponse(url, bool(return_token_ids), self.token_rate, on_token)
-        monotonic = time.monotonic
+        monotonic, loads = time.monotonic, json.loads
         try:
             async with self.http.stream("POST", url, json=body) as resp:
                 if resp.status_code != 200:
@@ -572,27 +553,21 @@ class ChatClient:
                         raise TransientError(f"HTTP {resp.status_code}: {msg}",
                                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
                     raise PermanentError(resp.status_code, msg)
-                # SSE lines split here from the raw bytes (one clock read per network read, json.loads on
-                # bytes): at one token per event the per-line cost is what bounds a job's ingest rate
-                pending = []  # the start of a line that has not ended yet
-                async for data in resp.aiter_bytes():
+                async for line in resp.aiter_lines():
                     st.last = ep.last_byte = monotonic()
                     st.got_first = True
-                    if b"\n" not in data:
-                        pending.append(data)
+                    if not line.startswith("data:"):
                         continue
-                    if pending:
-                        pending.append(data)
-                        data = b"".join(pending)
-                        pending = []
-                    lines = data.split(b"\n")
-                    if lines[-1]:
-                        pending.append(lines[-1])
-                    if _feed_lines(out, lines, len(lines) - 1, url):
+                    data = line[5:].strip()
+                    if data == "[DONE]":
                         break
-                else:
-                    if pending:  # the last line, without its newline
-                        _feed_lines(out, [b"".join(pending)], 1, url)
+                    if not data:
+                        continue
+                    try:
+                        chunk = loads(data)
+                    except ValueError:
+                        raise TransientError(f"malformed stream chunk from {url}") from None
+                    out.feed(chunk, data)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None

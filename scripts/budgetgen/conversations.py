@@ -36,7 +36,6 @@ status, the inference job and the summary count generations left the same way, t
 from dataclasses import dataclass
 
 TURNS = ("last", "all")
-HISTORY_REASONING = ("drop", "keep")
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,6 @@ class Chain:
     """One sample of one conversation."""
 
     id: str
-    prompt_id: str
     sample: int
     messages: tuple  # the prompt's normalised messages
     turn_segments: tuple  # turns: all: the user turns; turns: last: the whole prompt, one turn
@@ -159,7 +157,7 @@ def chains(prompt_list, plan):
         segs = segments(p.messages) if plan.turns == "all" else [list(p.messages)]
         for s in range(1, plan.samples + 1):
             cid = p.id if plan.samples == 1 else f"{p.id}/s{s}"
-            out.append(Chain(id=cid, prompt_id=p.id, sample=s, messages=p.messages,
+            out.append(Chain(id=cid, sample=s, messages=p.messages,
                              turn_segments=tuple(tuple(seg) for seg in segs), plan=plan))
     return out
 
