@@ -2,9 +2,9 @@
 
 Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a `choices: []`
 usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). Reasoning is
-`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read. With thinking
-switched off, transformers serve streams the template's "\n\n" separator as reasoning; reasoning that
-is only whitespace is treated as none, so no empty think block is rendered at tokenize time.
+`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read and journaled as
+streamed, whitespace included (an empty think block's "\n\n" is part of what the model generated;
+tokenize decides what it means under the template, budgetgen.tokenization.TurnFormat).
 
 Timeouts: a request is timed out on *silence after its first byte* (request_timeout_s between two
 lines of one stream). Before its first byte a request may be queued inside the server (oversubscribed
@@ -57,6 +57,20 @@ class ServerRefused(UserError):
 
 # A response ended for one of these reasons is complete; anything else (`abort`, `error`, ...) is retried.
 COMPLETE_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
+
+
+# How each engine is asked for the prompt's and the generated token ids while streaming (server.return_token_ids),
+# read from the released servers (vLLM 0.33.0, SGLang 0.5.23; the README's engine table):
+# vLLM: `return_token_ids` (prompt_token_ids on the first chunk, token_ids on every choice chunk); SGLang:
+# `return_input_ids_in_sglext` / `return_output_ids_in_sglext` (one `sglext` chunk before the usage chunk).
+# SGLang drops unknown request fields silently, so a wrong name gives responses without ids.
+IDS_FIELDS = {"vllm": ("return_token_ids",), "sglang": ("return_input_ids_in_sglext", "return_output_ids_in_sglext")}
+IDS_HINT = {
+    "vllm": "vLLM sends them with return_token_ids unless extra_body.include_reasoning is false (remove it); "
+            "for SGLang set server.return_token_ids: sglang",
+    "sglang": "SGLang (0.5.23) sends them with return_input_ids_in_sglext/return_output_ids_in_sglext, "
+              "or launch it with --return-input-ids --return-output-ids; for vLLM set server.return_token_ids: vllm",
+}
 
 
 class PermanentError(Exception):
@@ -132,6 +146,7 @@ class StreamedResponse:
     and the tokens reported to on_token (see the module docstring); result() checks it is whole."""
 
     def __init__(self, url, want_ids, token_rate, on_token):
+        # want_ids: False, or the server.return_token_ids mode ("vllm" or "sglang")
         self.url, self.want_ids, self.token_rate, self.on_token = url, want_ids, token_rate, on_token
         self.content, self.reasoning, self.token_ids = [], [], []
         self.prompt_ids = self.sglext_ids = None
@@ -209,12 +224,30 @@ class StreamedResponse:
             # A server that omits usage would make the budget a guess: every request would fail the same way.
             raise ServerRefused(f"server at {self.url} sent no usage.completion_tokens in its stream (budgetgen "
                                 "needs stream_options.include_usage, as SGLang and vLLM send it)")
-        self.token_rate.observe(self.chars, int(self.usage.get("completion_tokens") or 0))
-        reasoning = "".join(self.reasoning)
-        return ChatResult(content="".join(self.content), reasoning=reasoning if reasoning.strip() else "",
+        completion_tokens = int(self.usage.get("completion_tokens") or 0)
+        self.token_rate.observe(self.chars, completion_tokens)
+        token_ids = prompt_ids = None
+        if self.want_ids:
+            token_ids, prompt_ids = self.sglext_ids or self.token_ids or None, self.prompt_ids
+            self._check_ids(token_ids, prompt_ids, completion_tokens)
+        return ChatResult(content="".join(self.content), reasoning="".join(self.reasoning),
                           finish_reason=self.finish, usage=self.usage, streamed_tokens=self.events, model=self.model,
-                          token_ids=(self.sglext_ids or self.token_ids or None) if self.want_ids else None,
-                          prompt_token_ids=self.prompt_ids if self.want_ids else None)
+                          token_ids=token_ids, prompt_token_ids=prompt_ids)
+
+    def _check_ids(self, token_ids, prompt_ids, completion_tokens):
+        """Ids were asked for: a response with completion tokens must bring the prompt's and the
+        generated ids, as many generated ids as usage.completion_tokens; else the server (or a setting)
+        withholds them from every response, and rows would silently be re-tokenized text."""
+        setting = f"server.return_token_ids: {self.want_ids}"
+        if completion_tokens and (not token_ids or not prompt_ids):
+            missing = " and ".join(n for n, v in (("prompt", prompt_ids), ("generated", token_ids)) if not v)
+            raise ServerRefused(f"server at {self.url} sent no {missing} token ids for a response of "
+                                f"{completion_tokens} tokens, though {setting} asked for them; "
+                                + IDS_HINT[self.want_ids])
+        if token_ids and len(token_ids) != completion_tokens:
+            raise ServerRefused(f"server at {self.url} sent {len(token_ids)} generated token ids for a response "
+                                f"of usage.completion_tokens {completion_tokens} ({setting}): the ids are not "
+                                "the response's; rows cannot be exact")
 
 
 class TokenRate:
@@ -427,6 +460,11 @@ class ChatClient:
         self.timeout_s = float(timeout_s)
         timeout = httpx.Timeout(None, connect=connect_timeout_s, pool=None)
         self.http = httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout)
+        # GET /models (server check, liveness and failover probes) on a pool of its own: with every request
+        # connection held by a stream waiting for its first byte, a probe on the shared pool would wait for
+        # a connection, time out, and have the waiting streams cancelled as if the server were down
+        self.probe_http = httpx.AsyncClient(headers=headers, limits=httpx.Limits(max_connections=2 * len(urls)),
+                                            timeout=httpx.Timeout(10.0))
         self.continuous_usage_stats = continuous_usage_stats
         self.token_rate = TokenRate()
         self.watchdog = StreamWatchdog(self.timeout_s, self.check_endpoint)
@@ -440,6 +478,7 @@ class ChatClient:
         self.watchdog.close()
         self.pool.close()
         await self.http.aclose()
+        await self.probe_http.aclose()
 
     @property
     def urls(self):
@@ -472,7 +511,7 @@ class ChatClient:
         """GET /models of one endpoint: the served model list, or None for a server without that route."""
         url = f"{ep.base_url}/models"
         try:
-            resp = await self.http.get(url, timeout=10.0)
+            resp = await self.probe_http.get(url)
         except httpx.HTTPError as exc:
             raise ServerUnreachable(
                 f"server unreachable at {url} ({type(exc).__name__}: {exc or 'no answer'})"
@@ -503,9 +542,11 @@ class ChatClient:
         try:
             return await self._chat(ep, st, messages, params, on_token, return_token_ids)
         except asyncio.CancelledError:
-            if st.timed_out is None:
-                raise  # cancelled from outside (a signal, the end of the run)
-            asyncio.current_task().uncancel()
+            # The watchdog's cancel becomes a retry; any other cancel (a signal, the end of the run) is
+            # honoured, also when it lands in the same loop turn as the watchdog's (two cancels, one
+            # CancelledError: uncancel() leaves the outside one counted).
+            if st.timed_out is None or asyncio.current_task().uncancel() > 0:
+                raise
             raise TransientError(f"ReadTimeout: {st.timed_out}") from None
         except TransientError as exc:
             if exc.connection:
@@ -519,11 +560,13 @@ class ChatClient:
         """Stream one chat completion from ep; call on_token(n) with the tokens of each chunk as it
         arrives (see the module docstring); return ChatResult.
 
-        return_token_ids asks the server for the prompt's and the generated token ids: "vllm" (or True)
-        sends vLLM's `return_token_ids` (`prompt_token_ids` on the first chunk, `token_ids` on each
-        choice chunk), "sglang" SGLang's `return_input_ids` / `return_output_ids` (one final chunk with
-        `sglext: {input_ids, output_ids: [[...]]}`); they come back in ChatResult.prompt_token_ids and
-        .token_ids, else None.
+        return_token_ids asks the server for the prompt's and the generated token ids (IDS_FIELDS): "vllm"
+        (or True) sends vLLM's `return_token_ids` (`prompt_token_ids` on the first chunk, `token_ids` on
+        each choice chunk), "sglang" SGLang's `return_input_ids_in_sglext` / `return_output_ids_in_sglext`
+        (one chunk `{"choices": [], "sglext": {input_ids, output_ids: [[...]]}}` before the usage chunk);
+        they come back in ChatResult.prompt_token_ids and .token_ids. A response without them, or with
+        another number of generated ids than usage.completion_tokens, or a 4xx naming the field, is a
+        ServerRefused: rows are never silently re-tokenized text.
 
         Raises TransientError, PermanentError or ServerRefused; anything else is a bug.
         """
@@ -535,12 +578,11 @@ class ChatClient:
             if params.get(k) is not None:
                 body[k] = params[k]
         body.update(params.get("extra_body") or {})
-        if return_token_ids == "sglang":
-            body["return_input_ids"] = body["return_output_ids"] = True
-        elif return_token_ids:
-            body["return_token_ids"] = True
+        ids_mode = ("vllm" if return_token_ids is True else return_token_ids) or False
+        for name in IDS_FIELDS.get(ids_mode, ()):
+            body[name] = True
         url = f"{ep.base_url}/chat/completions"
-        out = StreamedResponse(url, bool(return_token_ids), self.token_rate, on_token)
+        out = StreamedResponse(url, ids_mode, self.token_rate, on_token)
         monotonic, loads = time.monotonic, json.loads
         try:
             async with self.http.stream("POST", url, json=body) as resp:
@@ -552,6 +594,10 @@ class ChatClient:
                     if is_transient_status(resp.status_code):
                         raise TransientError(f"HTTP {resp.status_code}: {msg}",
                                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
+                    refused_field = next((f for f in IDS_FIELDS.get(ids_mode, ()) if f in msg), None)
+                    if refused_field:  # e.g. SGLang: "return_token_ids is not supported with streaming"
+                        raise ServerRefused(f"server at {url} refused {refused_field} (server.return_token_ids: "
+                                            f"{ids_mode}) with HTTP {resp.status_code}: {msg}; {IDS_HINT[ids_mode]}")
                     raise PermanentError(resp.status_code, msg)
                 async for line in resp.aiter_lines():
                     st.last = ep.last_byte = monotonic()
@@ -565,9 +611,14 @@ class ChatClient:
                         continue
                     try:
                         chunk = loads(data)
-                    except ValueError:
-                        raise TransientError(f"malformed stream chunk from {url}") from None
-                    out.feed(chunk, data)
+                        if not isinstance(chunk, dict):
+                            raise TypeError("not a JSON object")
+                        out.feed(chunk, data)
+                    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
+                        # a line that is not JSON, or JSON of another shape (`data: []`, `data: null`,
+                        # choices that are not objects): the stream is broken, the request retried
+                        raise TransientError(f"malformed stream chunk from {url} ({type(exc).__name__}: "
+                                             f"{exc}): {data[:200]}") from None
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None

@@ -14,9 +14,19 @@ A request body may carry `mock_mean_tokens` (a positive number): that request's 
 --mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
 dataset with `generation.extra_body`).
 
-Streams follow vLLM: `stream_options.include_usage` adds a final `choices: []` usage chunk, and with
+Streams follow the released engines, read from their wheels (`pip download --no-deps vllm==0.33.0` /
+`sglang==0.5.23`): `stream_options.include_usage` adds a final `choices: []` usage chunk, and with
 `continuous_usage_stats` as well every chunk carries the usage so far (prompt_tokens, completion_tokens,
-total_tokens).
+total_tokens). `--engine` picks the wire format of token ids and reasoning (with --token-ids-tokenizer):
+  vllm    (vLLM 0.33.0, the default) reasoning in `delta.reasoning`; `return_token_ids: true` puts
+          `prompt_token_ids` on the first chunk and `token_ids` on every choice chunk;
+          `include_reasoning: false` strips the ids from every chunk; other fields are ignored.
+  sglang  (SGLang 0.5.23) reasoning in `delta.reasoning_content`; `return_input_ids_in_sglext` /
+          `return_output_ids_in_sglext` (or the headers `x-sglext-return-input-ids: 1` /
+          `x-sglext-return-output-ids: 1`, or this server's --sglang-return-ids, SGLang's launch flags
+          `--return-input-ids --return-output-ids`) send one chunk `{"choices": [], "sglext": {"input_ids":
+          [...], "output_ids": [[...]]}}` before the usage chunk; `return_token_ids` with `stream: true` is
+          HTTP 400 (SGLang's ErrorResponse body); unknown fields (e.g. `return_input_ids`) are dropped.
 
 `spawn(args, workdir)` starts the server as a subprocess and returns (Popen, base_url) for tests.
 """
@@ -109,7 +119,7 @@ def prompt_token_count(messages):
 class Plan:
     """The deterministic response to one request: word indices, reasoning count, finish reason."""
 
-    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids", "hang", "prompt_ids", "sglext_ids")
+    __slots__ = ("words", "n_reasoning", "finish_reason", "token_ids", "hang", "prompt_ids", "sglext_ids", "output_ids")
 
     def __init__(self, cfg, messages, max_tokens, mean_tokens=None):
         key = json.dumps(messages, sort_keys=True) + str(cfg.seed)
@@ -127,6 +137,7 @@ class Plan:
         self.token_ids = None  # set when the request asks for them and the server can tokenize
         self.prompt_ids = None  # the prompt's ids (vLLM: on the first chunk)
         self.sglext_ids = None  # SGLang style: (input_ids, output_ids) in one final sglext chunk
+        self.output_ids = None  # the generated ids, when the tokenizer made them: usage counts these
         self.hang = False
 
     def texts(self):
@@ -136,7 +147,7 @@ class Plan:
 
 
 def usage(prompt_tokens, plan, with_reasoning):
-    n = len(plan.words)
+    n = len(plan.words) if plan.output_ids is None else len(plan.output_ids)
     u = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     if with_reasoning:
         u["completion_tokens_details"] = {"reasoning_tokens": plan.n_reasoning}
@@ -493,6 +504,22 @@ class MockServer:
         start = mask.index(1) if 1 in mask else len(ids)
         return ids[:start], ids[start:]
 
+    def ask_ids(self, plan, messages, body, headers):
+        """Set the plan's ids as the engine of --engine sends them for this request (module docstring)."""
+        if self.cfg.engine == "vllm":
+            if body.get("return_token_ids"):
+                prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
+                if body.get("include_reasoning", True) is not False:
+                    plan.prompt_ids, plan.token_ids = prompt_ids, plan.output_ids
+            return
+        want_in = (body.get("return_input_ids_in_sglext") or headers.get("x-sglext-return-input-ids") == "1"
+                   or self.cfg.sglang_return_ids)
+        want_out = (body.get("return_output_ids_in_sglext") or headers.get("x-sglext-return-output-ids") == "1"
+                    or self.cfg.sglang_return_ids)
+        if want_in or want_out:
+            prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
+            plan.sglext_ids = (prompt_ids if want_in else None, plan.output_ids if want_out else None)
+
     # -- lifecycle
     async def listen(self, port):
         self.server = await self.loop.create_server(
@@ -643,11 +670,13 @@ class MockServer:
         include_usage = stream and bool(stream_options.get("include_usage"))
         # as vLLM: usage on every chunk only together with include_usage
         continuous = include_usage and bool(stream_options.get("continuous_usage_stats"))
+        if cfg.engine == "sglang" and stream and body.get("return_token_ids"):
+            return self.send_json(conn, req, 400, {
+                "object": "error", "message": "return_token_ids is not supported with streaming on "
+                "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
+                "type": "BadRequest", "param": None, "code": 400}, chat=True)
         if cfg.token_ids_tokenizer:
-            if body.get("return_token_ids"):  # vLLM
-                plan.prompt_ids, plan.token_ids = self.token_ids(messages, plan, body)
-            elif body.get("return_input_ids") or body.get("return_output_ids"):  # SGLang's sglext
-                plan.sglext_ids = self.token_ids(messages, plan, body)
+            self.ask_ids(plan, messages, body, req.headers)
 
         await self.slots.acquire(conn)
         job = Job(stats.epoch)
@@ -731,12 +760,19 @@ class MockServer:
 
         usage_head = b',"usage":{"prompt_tokens":%d,"completion_tokens":' % prompt_tokens
 
-        def running(c):  # continuous_usage_stats: the usage so far, on every chunk (vLLM)
-            return usage_head + b'%d,"total_tokens":%d}' % (c, prompt_tokens + c) if continuous else b""
+        # with the tokenizer's ids, word i of the text carries ids[cuts[i]:cuts[i + 1]]
+        cuts = None
+        if plan.output_ids is not None:
+            n, ids = len(words), plan.output_ids
+            cuts = [len(ids) * i // n for i in range(n + 1)]
+
+        def running(c):  # continuous_usage_stats: the usage so far (tokens of c words), on every chunk (vLLM)
+            if not continuous:
+                return b""
+            k = c if cuts is None else cuts[c]
+            return usage_head + b'%d,"total_tokens":%d}' % (k, prompt_tokens + k)
         suffixes = None
         if plan.token_ids is not None:  # vLLM style: each chunk's choice carries its token ids
-            n, ids = len(words), plan.token_ids
-            cuts = [len(ids) * i // n for i in range(n + 1)]
             suffixes = [b'},"logprobs":null,"finish_reason":null,"token_ids":'
                         + json.dumps(ids[cuts[i]:cuts[i + 1]]).encode() + b'}]}\n\n' for i in range(n)]
 
@@ -788,13 +824,14 @@ class MockServer:
         await self.produce(conn, job, len(words), emit, step)
         tail = [pre + b'},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]'
                 + running(len(words)) + b"}\n\n"]
+        if plan.sglext_ids is not None:  # SGLang: the ids once, in a response-level chunk before the usage
+            input_ids, output_ids = plan.sglext_ids
+            ext = {**base, "choices": [], "sglext": {"input_ids": input_ids,
+                                                     "output_ids": None if output_ids is None else [output_ids]}}
+            tail.append(b"data: " + json.dumps(ext, **_JSON).encode() + b"\n\n")
         if include_usage:
             u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0)}
             tail.append(b"data: " + json.dumps(u, **_JSON).encode() + b"\n\n")
-        if plan.sglext_ids is not None:  # SGLang: the ids once, in a final response-level chunk
-            ext = {**base, "choices": [], "sglext": {"input_ids": plan.sglext_ids[0],
-                                                     "output_ids": [plan.sglext_ids[1]]}}
-            tail.append(b"data: " + json.dumps(ext, **_JSON).encode() + b"\n\n")
         tail.append(b"data: [DONE]\n\n")
         conn.write(chunk(b"".join(tail)) + b"0\r\n\r\n")
         await conn.drain()
@@ -879,11 +916,18 @@ def build_parser():
     g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
     g.add_argument("--reasoning-share", type=_probability, default=0.0,
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
-    g.add_argument("--reasoning-field", choices=["reasoning_content", "reasoning"], default="reasoning_content",
-                   help="field name of reasoning text (vLLM: reasoning)")
+    g.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
+                   help="the released engine whose wire format of token ids and reasoning to imitate: vLLM "
+                        "0.33.0 or SGLang 0.5.23 (see the module docstring; default %(default)s)")
+    g.add_argument("--reasoning-field", choices=["reasoning_content", "reasoning"],
+                   help="field name of reasoning text (default: the engine's, vLLM reasoning, SGLang "
+                        "reasoning_content)")
     g.add_argument("--token-ids-tokenizer", metavar="PATH",
-                   help="tokenizer folder: answer `return_token_ids` requests with the generated turn's ids "
-                        "as this tokenizer's chat template tokenizes it (needs transformers)")
+                   help="tokenizer folder: answer token-id requests (the engine's fields) with the generated "
+                        "turn's ids as this tokenizer's chat template tokenizes it (needs transformers)")
+    g.add_argument("--sglang-return-ids", action="store_true",
+                   help="with --engine sglang: send the sglext ids on every request, as SGLang launched with "
+                        "--return-input-ids --return-output-ids")
     g.add_argument("--context-limit", type=int, default=0,
                    help="400 when prompt_tokens + max_tokens exceeds it; 0 = none (default)")
     g = ap.add_argument_group("timing")
@@ -935,6 +979,10 @@ def parse_args(argv=None):
         ap.error("--error-bytes must not be negative")
     if cfg.slots < 0 or cfg.context_limit < 0:
         ap.error("--slots and --context-limit must not be negative")
+    if cfg.reasoning_field is None:
+        cfg.reasoning_field = "reasoning" if cfg.engine == "vllm" else "reasoning_content"
+    if cfg.sglang_return_ids and cfg.engine != "sglang":
+        ap.error("--sglang-return-ids needs --engine sglang")
     if cfg.tokens_per_event < 1:
         ap.error("--tokens-per-event must be at least 1")
     if cfg.sample_interval <= 0:

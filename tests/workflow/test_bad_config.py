@@ -50,7 +50,9 @@ def test_unknown_key(tmp_path, tiny_tokenizer, where, key, expected):
     ("generation", "temperature", "hot", "config key generation.temperature: 'hot' is not of type 'number', 'null'"),
     ("server", "request_timeout_s", [1], "config key server.request_timeout_s: [1] is not of type 'number'"),
     ("tokenizer", "max_length", 1.5, "config key tokenizer.max_length: 1.5 is not of type 'integer'"),
-], ids=["string-for-int", "string-for-number", "list-for-number", "float-for-int"])
+    ("generation", "extra_body", {"chat_template_kwargs": "enable_thinking"},
+     "config key generation.extra_body.chat_template_kwargs: 'enable_thinking' is not of type 'object'"),
+], ids=["string-for-int", "string-for-number", "list-for-number", "float-for-int", "chat-template-kwargs-not-object"])
 def test_wrong_type(tmp_path, tiny_tokenizer, section, key, value, expected):
     wf = make(tmp_path, tiny_tokenizer)
     wf.config[section][key] = value
@@ -157,6 +159,8 @@ EXTRA_BODY_REFUSED = {  # key -> why, in the error line
     "n": "budgetgen asks for one response per request",
     "model": "set server.model",
     "messages": "the prompts file gives them",
+    "return_token_ids": "set server.return_token_ids: vllm",
+    "return_input_ids_in_sglext": "set server.return_token_ids: sglang",
 }
 
 

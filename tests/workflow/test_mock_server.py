@@ -541,3 +541,66 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server, per_
     # as vLLM: continuous_usage_stats without include_usage sends no usage at all
     _, _, _, usage, chunks, _ = stream_chat(base, stream_options={"continuous_usage_stats": True})
     assert usage is None and all("usage" not in ch for ch in chunks)
+
+
+# -- engine wire formats (--engine vllm: vLLM 0.33.0, --engine sglang: SGLang 0.5.23) ------------------
+def stream_events(base, headers=None, **kw):
+    """(status, the stream's JSON events in order, or the error body) of one streamed request."""
+    body = {"model": "mock-model", "messages": MSGS, "stream": True, "stream_options": {"include_usage": True}, **kw}
+    r = httpx.post(f"{base}/chat/completions", json=body, headers=headers, timeout=10)
+    if r.status_code != 200:
+        return r.status_code, r.json()
+    return 200, [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def sglext_events(events):
+    return [e for e in events if "sglext" in e]
+
+
+@pytest.mark.parametrize("how", ["fields", "headers", "launch-flags"])
+def test_sglang_mode_sends_the_ids_in_one_sglext_chunk_before_the_usage_chunk(server, tiny_tokenizer, how):
+    """SGLang 0.5.23 (serving_chat.py): return_input_ids_in_sglext / return_output_ids_in_sglext, the
+    x-sglext-return-*-ids headers or the launch flags give one `choices: []` chunk with sglext
+    {input_ids, output_ids: [[...]]} right before the usage chunk; output ids number completion_tokens."""
+    args = ["--engine", "sglang", "--mean-tokens", 12, "--reasoning-share", 0.25, "--token-ids-tokenizer", tiny_tokenizer]
+    kw, headers = {}, None
+    if how == "fields":
+        kw = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+    elif how == "headers":
+        headers = {"x-sglext-return-input-ids": "1", "x-sglext-return-output-ids": "1"}
+    else:
+        args.append("--sglang-return-ids")
+    status, events = stream_events(server(*args), headers=headers, **kw)
+    assert status == 200
+    (ext,) = sglext_events(events)
+    assert events[-1].get("usage") and events[-2] is ext and ext["choices"] == []
+    assert ext["sglext"]["input_ids"] and len(ext["sglext"]["output_ids"]) == 1
+    assert len(ext["sglext"]["output_ids"][0]) == events[-1]["usage"]["completion_tokens"]
+    assert any("reasoning_content" in c["delta"] for e in events for c in e["choices"])  # SGLang's field
+    assert not any("token_ids" in c for e in events for c in e["choices"])  # no vLLM-style ids
+
+
+def test_sglang_mode_drops_unknown_fields_and_refuses_return_token_ids_while_streaming(server, tiny_tokenizer):
+    base = server("--engine", "sglang", "--mean-tokens", 8, "--token-ids-tokenizer", tiny_tokenizer)
+    # the names of the unreleased PR are not SGLang's: dropped silently, no ids, HTTP 200
+    status, events = stream_events(base, return_input_ids=True, return_output_ids=True)
+    assert status == 200 and sglext_events(events) == [] and events[-1]["usage"]["completion_tokens"] == 8
+    status, body = stream_events(base, return_token_ids=True)
+    assert status == 400 and body["object"] == "error" and body["code"] == 400
+    assert body["message"].startswith("return_token_ids is not supported with streaming")
+
+
+def test_vllm_mode_ids_per_chunk_and_include_reasoning_false_strips_them(server, tiny_tokenizer):
+    """vLLM 0.33.0: return_token_ids puts prompt_token_ids on the first chunk and token_ids on each choice
+    chunk (as many as completion_tokens); include_reasoning: false strips them; reasoning is `reasoning`."""
+    base = server("--mean-tokens", 10, "--reasoning-share", 0.3, "--token-ids-tokenizer", tiny_tokenizer)
+    status, events = stream_events(base, return_token_ids=True)
+    assert status == 200 and events[0]["prompt_token_ids"] and sglext_events(events) == []
+    ids = [t for e in events for c in e["choices"] for t in c.get("token_ids", [])]
+    assert ids and len(ids) == events[-1]["usage"]["completion_tokens"]
+    assert any("reasoning" in c["delta"] for e in events for c in e["choices"])
+    status, events = stream_events(base, return_token_ids=True, include_reasoning=False)
+    assert status == 200 and "prompt_token_ids" not in events[0]
+    assert not any("token_ids" in c for e in events for c in e["choices"])
+    status, events = stream_events(base, return_input_ids_in_sglext=True, return_output_ids_in_sglext=True)
+    assert status == 200 and sglext_events(events) == []  # SGLang's fields mean nothing to vLLM

@@ -63,6 +63,72 @@ def test_key_refused_on_chat_and_no_usage_are_server_wide_failures():
             chat(srv.base_url)
 
 
+@pytest.mark.parametrize("line", ["data: []", "data: null", 'data: {"choices": ["x"]}'])
+def test_a_stream_line_that_is_not_a_chunk_object_is_a_retry_not_a_crash(tmp_path, line):
+    """Issue 24 item 5: `data: []`, `data: null` or choices that are not objects are a broken stream
+    (retried, like malformed JSON), never an AttributeError that kills the job."""
+    def answer(body, n):
+        return sse([line] + answer_words(3)) if n == 1 else sse(answer_words(3))
+
+    with ScriptedServer(answer) as srv:
+        with pytest.raises(TransientError, match="malformed stream chunk"):
+            chat(srv.base_url)
+    with ScriptedServer(answer) as srv:
+        p = job(tmp_path, srv.base_url, 1, max_retries=2)
+    assert p.returncode == 0, p.output[-3000:]
+    assert "Traceback" not in p.output and len(p.records) == 1 and p.records[0]["attempts"] == 2
+
+
+def test_the_liveness_probe_gets_a_connection_while_every_request_connection_waits(tmp_path):
+    """Issue 24 item 4: concurrency 3, three requests each held 12 s before their first byte (queued in
+    a busy server), request_timeout_s 1: the liveness probe (GET /models) must not wait for one of the
+    three connections (the pool is sized to the concurrency), fail, and cancel the streams as if the
+    server were down. Each request completes on its first attempt."""
+    with ScriptedServer(lambda body, n: sse([12.0] + answer_words(3))) as srv:
+        async def go():
+            c = ChatClient(srv.base_url, "mock-model", timeout_s=1, concurrency=3)
+            try:
+                return await asyncio.gather(*(c.chat([{"role": "user", "content": f"q{i}"}], {"max_tokens": 5})
+                                              for i in range(3)), return_exceptions=True)
+            finally:
+                await c.aclose()
+
+        t0 = time.monotonic()
+        results = asyncio.run(go())
+        assert [type(r).__name__ for r in results] == ["ChatResult"] * 3, results
+        assert len(srv.bodies) == 3 and time.monotonic() - t0 >= 12  # no retry; the premise: they waited
+
+
+@pytest.mark.parametrize("first", ["watchdog", "shutdown"])
+def test_a_shutdown_cancel_in_the_same_loop_turn_as_a_watchdog_timeout_is_honoured(first):
+    """Issue 24 item 8: the watchdog times a stream out (cancel + note) and the run's shutdown cancels the
+    same task before it runs again: two cancels, one CancelledError. The task must end cancelled at once,
+    not turn the watchdog's cancel into a retry and swallow the shutdown's."""
+    with ScriptedServer(lambda body, n: sse([delta("a"), 30.0] + answer_words(3))) as srv:
+        async def go():
+            c = ChatClient(srv.base_url, "mock-model", timeout_s=30, concurrency=2)
+            try:
+                task = asyncio.create_task(c.chat([{"role": "user", "content": "hi"}], {"max_tokens": 5}))
+                deadline = time.monotonic() + 10
+                while not any(st.got_first for st in c.watchdog.streams):  # the stream has its first byte
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+                (st,) = c.watchdog.streams
+                if first == "watchdog":
+                    c.watchdog._time_out(st, "no data for 30 s")
+                    task.cancel()
+                else:
+                    task.cancel()
+                    c.watchdog._time_out(st, "no data for 30 s")
+                done, _ = await asyncio.wait([task], timeout=5)
+                assert done, "the cancelled request is still running"
+                assert task.cancelled(), task.exception()
+            finally:
+                await c.aclose()
+
+        asyncio.run(go())
+
+
 # -- tokens in flight --------------------------------------------------------------------------------
 def test_several_tokens_per_event_are_counted_as_tokens():
     """Item 10: 4 tokens per SSE event. With per-chunk usage (continuous_usage_stats) the count is the
