@@ -13,14 +13,28 @@ Text fallback, when the server returned text only:
   prompt     = apply_chat_template(messages[:-1], add_generation_prompt=True, **kwargs), with the
                chat_template_kwargs the request used (the record's params.extra_body), tokenized
                without added special tokens (what the engines do for chat prompts);
-  completion = the model's raw output rebuilt from the record: the reasoning delimiters' opening tag
-               (unless the generation prompt already ends with it), reasoning_content, the closing
-               tag (unless the response was cut inside the reasoning), content; then the end-of-turn
-               token the template puts after an assistant turn, unless finish_reason is "length".
-The turn's format (end-of-turn token, reasoning delimiters, whether the generation prompt prefills
-the opening tag) is derived from the tokenizer and its template (TurnFormat), never from a list of
-known models. A record whose raw output cannot be rebuilt faithfully (reasoning, but no delimiters
-in the tokenizer) is skipped with a counted reason, as are template errors.
+  completion = the model's raw output rebuilt from the record (TurnFormat.completion_text):
+               - the generation prompt ends with the opening tag (prefilled): reasoning (even empty or
+                 whitespace) + closing tag + content, as the model must close the block before any
+                 content (no reasoning and the closing tag in the content: a server without a
+                 reasoning parser, the content is the raw output);
+               - it ends with a closed think block (thinking switched off): the model writes no think
+                 block, content; reasoning that is only whitespace is a server's artifact
+                 (transformers serve streams the "\n\n") and is ignored, other reasoning is rebuilt
+                 as below;
+               - else, when the record has reasoning (whitespace only counts: Qwen3's empty
+                 `<think>\n\n</think>` under /no_think): opening tag + reasoning + closing tag +
+                 content;
+               - else content;
+               no closing tag when the response was cut inside the reasoning (finish_reason "length",
+               no content); then the end-of-turn token the template puts after an assistant turn,
+               unless finish_reason is "length".
+The turn's format (end-of-turn token, reasoning delimiters, whether the generation prompt opens or
+closes the reasoning) is derived from the tokenizer and its template (TurnFormat), never from a list of
+known models; delimiters that neither names default to the plain text `<think>` / `</think>` (what
+the engines' reasoning parsers split MiniMax-M1's output on). A record whose raw output cannot be
+rebuilt faithfully (reasoning, but a tokenizer that cannot write those tags: set
+tokenizer.reasoning_tags) is skipped with a counted reason, as are template errors.
 
 Each row also carries its `conversation_id` and `turn` (budgetgen.conversations: with turns: all one
 row per generated turn, its prompt the history the server saw, its completion that turn alone).
@@ -50,10 +64,19 @@ SERVER_IDS_OUT_OF_VOCAB = "server_token_ids_out_of_vocab"
 REASONING_DELIMITERS_UNKNOWN = "reasoning_delimiters_unknown"
 
 # Reasoning delimiters: a pair of tags named in the chat template (`<think>`, `<mm:think>`, ...), those
-# that are tokens of the tokenizer first; else the first of these pairs the tokenizer has as tokens.
+# that are tokens of the tokenizer first; else the first of these pairs the tokenizer has as tokens; else
+# PLAIN_TAGS as text (MiniMax-M1 writes `<think>` as plain text; vLLM's and SGLang's parsers split on it).
 _TEMPLATE_TAG = re.compile(r"<(/?)([\w:.-]*think[\w:.-]*)>")
 REASONING_TAGS = (("<think>", "</think>"), ("<seed:think>", "</seed:think>"), ("◁think▷", "◁/think▷"),
                   ("<|begin_of_thought|>", "<|end_of_thought|>"), ("<thinking>", "</thinking>"))
+PLAIN_TAGS = ("<think>", "</think>")
+
+# What to do about a skip reason, said wherever skips are reported.
+SKIP_HINTS = {
+    REASONING_DELIMITERS_UNKNOWN: "reasoning, but no delimiters to rebuild the raw output with (the tokenizer "
+                                  "cannot write <think> as text): set the ones the model writes, e.g. "
+                                  "tokenizer.reasoning_tags: [\"<think>\", \"</think>\"]",
+}
 
 # apply_chat_template arguments that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {
@@ -205,10 +228,11 @@ class TurnFormat:
                rendered and the text after the assistant's content tokenized), else eos;
     open_tag / close_tag
                the reasoning delimiters: a pair the template names (tokens of the tokenizer first),
-               else the first pair of REASONING_TAGS the tokenizer has as tokens, else None (a model
-               whose tags are plain text, like MiniMax-M1's `<think>`, needs tokenizer.reasoning_tags).
-    Whether the generation prompt prefills the opening tag depends on the template kwargs (thinking
-    on/off) and is decided per render (prefilled()).
+               else the first pair of REASONING_TAGS the tokenizer has as tokens, else PLAIN_TAGS as
+               plain text (MiniMax-M1's `<think>`) if the tokenizer writes them back unchanged, else
+               None (tokenizer.reasoning_tags names them).
+    Whether the generation prompt prefills the opening tag, or ends with a closed think block, depends
+    on the template kwargs (thinking on/off) and is decided per render (prefilled(), closed()).
     """
 
     PROBE = "Qx7PROBE"
@@ -231,7 +255,15 @@ class TurnFormat:
         for open_tag, close_tag in REASONING_TAGS:
             if open_tag in vocab and close_tag in vocab:
                 return open_tag, close_tag
+        if all(TurnFormat._writes(tokenizer, tag) for tag in PLAIN_TAGS):
+            return PLAIN_TAGS
         return None, None
+
+    @staticmethod
+    def _writes(tokenizer, text):
+        """Whether the tokenizer decodes its encoding of text back to text (no unknown tokens)."""
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
 
     def _eot(self, tokenizer, render):
         p = self.PROBE
@@ -253,22 +285,27 @@ class TurnFormat:
         """Whether the generation prompt already opens the reasoning (QwQ, R1, Qwen3.5, V3.1 thinking)."""
         return bool(self.open_tag) and prompt_text.rstrip().endswith(self.open_tag)
 
+    def closed(self, prompt_text):
+        """Whether the generation prompt ends with a closed think block (thinking off: Qwen3's
+        `<think>\n\n</think>\n\n`, V3.1's `</think>`): the model writes no think block."""
+        return bool(self.close_tag) and prompt_text.rstrip().endswith(self.close_tag)
+
     def completion_text(self, message, prompt_text, finish_reason):
-        """The model's raw output for a generated message, or None if it cannot be rebuilt."""
+        """The model's raw output for a generated message, or None if it cannot be rebuilt (rules: the
+        module docstring). Reasoning is kept as the server streamed it, whitespace included."""
         content = message.get("content") or ""
-        reasoning = ""
-        for key in _REASONING_FIELDS:
-            if message.get(key):
-                reasoning = message[key]
-                break
-        if not reasoning:
+        reasoning = next((r for r in map(message.get, _REASONING_FIELDS) if isinstance(r, str) and r), "")
+        cut = finish_reason == "length" and not content  # cut inside the reasoning: no closing tag was made
+        close = "" if cut else self.close_tag
+        if self.prefilled(prompt_text):
+            if not reasoning and self.close_tag in content:
+                return content  # a server without a reasoning parser: the content is the raw output
+            return reasoning + close + content
+        if not reasoning or (self.closed(prompt_text) and not reasoning.strip()):
             return content
         if not self.open_tag:
             return None
-        text = reasoning if self.prefilled(prompt_text) else self.open_tag + reasoning
-        if content or finish_reason != "length":  # cut inside the reasoning: no closing tag was made
-            text += self.close_tag + content
-        return text
+        return self.open_tag + reasoning + close + content
 
 
 def _as_parts(conversation):
@@ -648,7 +685,8 @@ def format_summary(rows, skipped):
     if not total:
         return f"Tokenized: {rows} (0 skipped)"
     parts = ", ".join(f"{reason}={n}" for reason, n in sorted(skipped.items()))
-    return f"Tokenized: {rows} ({total} skipped: {parts})"
+    hints = "".join(f"; {SKIP_HINTS[reason]}" for reason in sorted(skipped) if reason in SKIP_HINTS)
+    return f"Tokenized: {rows} ({total} skipped: {parts}){hints}"
 
 
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
@@ -729,7 +767,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 reason, count = skipped.most_common(1)[0]
                 raise UserError(f"{input_path}: {n_skipped} of {records} records skipped "
                                 f"({100.0 * n_skipped / records:.1f} % > tokenizer.max_skipped_pct {max_skipped_pct:g}); "
-                                f"most: {reason} ({count}, first id {first_skipped[reason]!r})")
+                                f"most: {reason} ({count}, first id {first_skipped[reason]!r})"
+                                + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
             if len(settings) > 1 and not allow_mixed_settings:
                 kinds = "; ".join(f"{n} x {k}" for k, n in settings.most_common())
                 raise UserError(f"{input_path}: responses were generated with {len(settings)} different "

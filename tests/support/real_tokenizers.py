@@ -82,9 +82,6 @@ class Family:
     # The template reads content as OpenAI parts ([{"type": "text", "text": ...}]); vLLM detects that from the
     # template ("openai" content format) and feeds string contents to it as parts.
     content_parts: bool = False
-    # The tags are plain text, named by neither the template nor the tokens: the config says them
-    # (tokenizer.reasoning_tags).
-    configured_tags: bool = False
     note: str = ""
     aliases: tuple = field(default=())  # folders in the package with the identical config and template
 
@@ -144,13 +141,13 @@ FAMILIES = {f.folder: f for f in [
         Mode("think", {}, "<|assistant|><think>", "{R}</think>{C}"),
         Mode("nothink", {"enable_thinking": False}, "<|assistant|></think>", "{C}"),
     )),
-    # MiniMax-M1 writes its reasoning as plain text tags (<think> is not a token there); its template and
-    # MiniMax-Text-01's read content as OpenAI parts.
+    # MiniMax-M1 writes its reasoning as plain text tags (<think> is not a token there, nor named by the
+    # template: the default plain-text <think> / </think>); its template and MiniMax-Text-01's read content
+    # as OpenAI parts.
     Family("minimax-m1-40k", MINIMAX01_EOT, (
         Mode("think", {}, "<beginning_of_sentence>ai name=assistant\n", "<think>\n{R}\n</think>\n\n{C}",
              history_shows_shape=False),
-    ), content_parts=True, configured_tags=True,
-        note="content as parts; history drops reasoning; tokenizer.reasoning_tags: [<think>, </think>]"),
+    ), content_parts=True, note="content as parts; history drops reasoning; <think> is plain text"),
     Family("minimax-text-01", MINIMAX01_EOT, _plain("<beginning_of_sentence>ai name=assistant\n"),
            content_parts=True, note="content as parts"),
     Family("minimax", MINIMAX_EOT, (Mode("think", {}, "]~b]ai\n<think>\n", "{R}\n</think>\n\n{C}"),),

@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from budgetgen.tokenization import encode_batch
 from support import real_tokenizers as rt
 
 FAMILY_CASES = [(name, case) for name, fam in rt.FAMILIES.items() for case in rt.case_ids(fam)]
@@ -52,11 +53,10 @@ class Catalogue:
                 cases.append(rt.build_case(fam, tokenizer, modes[mode], case))
             server = rt.build_server_ids_case(fam, tokenizer)
             rows, errors = rt.tokenize_records([c.record for c in cases + [server]], folder,
-                                               self.base / "runs" / name, tokenizer=tokenizer,
-                                               reasoning_tags=(fam.open_tag, fam.close_tag) if fam.configured_tags
-                                               else None)
+                                               self.base / "runs" / name, tokenizer=tokenizer)
             self.done[name] = {
-                "family": fam, "tokenizer": tokenizer, "cases": {c.id: c for c in cases}, "server": server,
+                "family": fam, "folder": folder, "tokenizer": tokenizer, "cases": {c.id: c for c in cases},
+                "server": server,
                 "rows": rows, "errors": errors,
                 "kept": sum(c.id in rows for c in cases),
                 "supervised_equal": sum(rt.supervised_matches(rows.get(c.id), c) for c in cases),
@@ -175,3 +175,72 @@ def test_server_ids_used_verbatim(catalogue, name):
     assert row is not None, f"row not written (errors: {d['errors']})"
     assert row["input_ids"] == case.prompt_ids + case.supervised_ids
     assert row["loss_mask"] == [0] * len(case.prompt_ids) + [1] * len(case.supervised_ids)
+
+
+# Issue 24 item 7: empty or whitespace-only reasoning. (family, mode, G: what the model generated after the
+# generation prompt, the server's reasoning_content (None: not journaled, as for empty reasoning), content)
+EMPTY_REASONING = [
+    # <think>\n prefilled: the model closes the block before any content, even with nothing in it
+    ("deepseek-r1", "think", "\n</think>\n\nParis.", "\n", "\n\nParis."),
+    ("deepseek-r1", "think", "</think>\n\nParis.", None, "\n\nParis."),
+    ("qwq-32b", "think", "\n</think>\n\nParis.", "\n", "\n\nParis."),
+    ("qwen-3.5", "think", "\n</think>\n\nParis.", "\n", "\n\nParis."),
+    ("qwen-3.5", "think", "</think>\n\nParis.", "", "\n\nParis."),
+    ("deepseek-v3.1", "think", "</think>Paris.", None, "Paris."),
+    # thinking on, /no_think in the user turn: Qwen3 writes an empty think block itself
+    ("qwen-3", "think", "<think>\n\n</think>\n\nParis.", "\n\n", "\n\nParis."),
+    # thinking off (the generation prompt closes the block): transformers serve streams "\n\n" as reasoning
+    ("qwen-3", "nothink", "Paris.", "\n\n", "Paris."),
+    ("qwen-3.5", "nothink", "Paris.", "\n\n", "Paris."),
+    ("deepseek-v3.1", "nothink", "Paris.", None, "Paris."),
+]
+
+
+@pytest.mark.parametrize(("name", "mode", "generated", "reasoning", "content"), EMPTY_REASONING,
+                         ids=[f"{n}/{m}/{r!r}" for n, m, _, r, _ in EMPTY_REASONING])
+def test_empty_or_whitespace_reasoning_keeps_the_think_tags_the_model_wrote(catalogue, name, mode, generated,
+                                                                           reasoning, content):
+    """The row supervises exactly G (was: the closing tag lost when the generation prompt prefills <think>,
+    and an empty think block added after a prompt that closes it); a cut inside the reasoning ends there."""
+    d = catalogue.family(name)
+    fam, tok = d["family"], d["tokenizer"]
+    mode = {m.name: m for m in fam.modes}[mode]
+    messages = [{"role": "user", "content": "What is the capital of France? /no_think"}]
+    assistant = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        assistant["reasoning_content"] = reasoning
+    record = {"id": "r", "messages": messages + [assistant], "finish_reason": "stop",
+              "params": {"extra_body": {"chat_template_kwargs": mode.kwargs}}}
+    [(ids, mask)] = encode_batch(tok, [record], 65536)
+    prompt = rt.ids(tok, rt.render(fam, tok, messages, mode.kwargs))
+    expected = rt.ids(tok, generated) + [rt.eot_id(fam, tok)]
+    assert ids[len(prompt):] == expected, (f"supervised {tok.decode(ids[len(prompt):])!r}, "
+                                           f"generated {tok.decode(expected)!r}")
+    assert ids == prompt + expected and mask == [0] * len(prompt) + [1] * len(expected)
+    if mode.prompt_ends.endswith((fam.open_tag, fam.open_tag + "\n")):  # cut after "\n": no closing tag yet
+        cut_turn = {"role": "assistant", "content": "", "reasoning_content": "\n"}
+        cut = {**record, "messages": messages + [cut_turn], "finish_reason": "length"}
+        assert encode_batch(tok, [cut], 65536) == [(prompt + rt.ids(tok, "\n"), [0] * len(prompt) + [1])]
+
+
+def test_minimax_m1_default_settings_rebuild_plain_text_think_tags(catalogue, tmp_path):
+    """Issue 24 item 9: MiniMax-M1 writes <think> as plain text, named by neither its tokenizer nor its
+    template; with the default settings (no tokenizer.reasoning_tags) its records with reasoning become rows
+    (was: reasoning_delimiters_unknown, 3 of 3 skipped) with the plain-text tags its parsers split on, the
+    rows that naming the tags in the config gives."""
+    name = "minimax-m1-40k"
+    d = catalogue.family(name)
+    tok = d["tokenizer"]
+    cases = [d["cases"][f"{name}/think/{case}"] for case in ("single", "system", "multi")]
+    records = [c.record for c in cases]
+    rows, errors = rt.tokenize_records(records, d["folder"], tmp_path / "default", tokenizer=tok)
+    assert not errors and set(rows) == {c.id for c in cases}
+    for case in cases:
+        row, turn = rows[case.id], case.record["messages"][-1]
+        assert rt.row_matches(row, case)
+        supervised = [i for i, m in zip(row["input_ids"], row["loss_mask"]) if m]
+        assert tok.decode(supervised, skip_special_tokens=False, clean_up_tokenization_spaces=False) == (
+            "<think>" + turn["reasoning_content"] + "</think>" + turn["content"] + rt.MINIMAX01_EOT)
+    configured, errors = rt.tokenize_records(records, d["folder"], tmp_path / "configured",
+                                             tokenizer=tok, reasoning_tags=("<think>", "</think>"))
+    assert not errors and configured == rows

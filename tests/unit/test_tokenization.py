@@ -230,6 +230,11 @@ def test_a_generation_prompt_that_prefills_the_opening_tag_is_not_repeated(tok_d
     supervised, unsupervised = split_by_mask(ids, mask)
     assert decode(tok, unsupervised).endswith("assistant\n<think>\n")
     assert decode(tok, supervised) == "Spiders.\n</think>\n\nEight.<|im_end|>"
+    # issue 24 item 7: empty reasoning (not journaled) still had its closing tag written by the model; a
+    # server without a reasoning parser sends the raw output as content
+    for content, raw in (("\n\nEight.", "</think>\n\nEight."), ("Spiders.\n</think>\n\nEight.", None)):
+        [(ids, mask)] = encode_batch(tok, [rec([USER2, {"role": "assistant", "content": content}])], 4096)
+        assert decode(tok, split_by_mask(ids, mask)[0]) == (raw or content) + "<|im_end|>"
 
 
 def test_the_end_of_turn_token_comes_from_the_template(tok_dirs):
@@ -251,7 +256,9 @@ def test_the_end_of_turn_token_comes_from_the_template(tok_dirs):
     assert decode(tok, unsupervised) == "user:\nWhat is the capital of France?\n\nassistant:\n"
 
 
-def test_reasoning_without_delimiters_in_the_tokenizer_is_a_counted_skip(tmp_path):
+def test_reasoning_tags_default_to_plain_text_think(tmp_path):
+    """Issue 24 item 9: delimiters that neither the template nor the tokens name default to the plain
+    text <think> / </think> (what the engines' reasoning parsers split MiniMax-M1's output on)."""
     path = tmp_path / "plain"
     build_tokenizer(str(path), [CORPUS], vocab_size=600, template="llama3")
     tok = load_tokenizer(str(path))
@@ -260,7 +267,52 @@ def test_reasoning_without_delimiters_in_the_tokenizer_is_a_counted_skip(tmp_pat
     if "<think>" in vocab:  # the tiny builder adds the tags: drop them from this tokenizer's view
         tok.get_vocab = lambda: {k: v for k, v in vocab.items() if "think>" not in k}
     msg = {"role": "assistant", "content": "x", "reasoning_content": "hidden"}
-    assert encode_batch(tok, [rec([USER1, msg])], 4096) == [REASONING_DELIMITERS_UNKNOWN]
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, msg])], 4096)
+    assert decode(tok, split_by_mask(ids, mask)[0]) == "<think>hidden</think>x<|eot_id|>"
+
+
+def word_level_tokenizer(path):
+    """A tokenizer that knows a few words and writes the rest as [UNK]: it cannot write `<think>`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "user", "assistant", "x"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    tok.save_pretrained(path)
+    return load_tokenizer(str(path))
+
+
+def test_reasoning_a_tokenizer_cannot_delimit_is_a_counted_skip_naming_the_setting(tmp_path):
+    """Issue 24 item 9: where the plain-text default cannot be written either, the record is skipped,
+    and every report of the skip names tokenizer.reasoning_tags with an example."""
+    tok = word_level_tokenizer(tmp_path / "words")
+    thought = {"role": "assistant", "content": "x", "reasoning_content": "hidden"}
+    answer = {"role": "assistant", "content": "x"}
+    [skip, (ids, mask)] = encode_batch(tok, [rec([USER1, thought]), rec([USER1, answer])], 4096)
+    assert skip == REASONING_DELIMITERS_UNKNOWN
+    assert split_by_mask(ids, mask)[0] == tok.convert_tokens_to_ids(["x", "<|im_end|>"])
+    example = 'tokenizer.reasoning_tags: ["<think>", "</think>"]'
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(record(i, [USER1, thought])) + "\n" for i in range(3)))
+    with pytest.raises(UserError) as exc:
+        tokenize_file(str(raw), str(tmp_path / "t.arrow"), str(tmp_path / "words"), 64, log=lambda m: None)
+    message = str(exc.value)
+    assert "3 of 3 records skipped" in message and "reasoning_delimiters_unknown (3, first id 'p000')" in message
+    assert example in message
+    logs = []
+    tokenize_file(str(raw), str(tmp_path / "t.arrow"), str(tmp_path / "words"), 64, log=logs.append,
+                  max_skipped_pct=100)
+    assert logs[-1].startswith("Tokenized: 0 (3 skipped: reasoning_delimiters_unknown=3); ")
+    assert example in logs[-1]
+    # tags named in the config are used as given
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, thought])], 4096, reasoning_tags=("<r> ", " </r> "))
+    assert split_by_mask(ids, mask)[0] == tok.convert_tokens_to_ids(["[UNK]"] * 3 + ["x", "<|im_end|>"])
 
 
 def test_server_ids_are_the_row(toks):
@@ -505,6 +557,10 @@ def test_load_tokenizer_errors(tmp_path, toks):
 def test_format_summary():
     assert format_summary(5, {}) == "Tokenized: 5 (0 skipped)"
     assert format_summary(5, {"b": 1, "a": 2}) == "Tokenized: 5 (3 skipped: a=2, b=1)"
+    assert format_summary(5, {REASONING_DELIMITERS_UNKNOWN: 1}) == (
+        "Tokenized: 5 (1 skipped: reasoning_delimiters_unknown=1); reasoning, but no delimiters to rebuild "
+        "the raw output with (the tokenizer cannot write <think> as text): set the ones the model writes, e.g. "
+        'tokenizer.reasoning_tags: ["<think>", "</think>"]')
 
 
 # --------------------------------------------------------------------------------------------------
@@ -645,5 +701,6 @@ def test_turn_end_is_the_templates_and_nothing_after_it_is_supervised(target_lik
     supervised, unsupervised = split_by_mask(ids, mask)
     assert decode(tok, supervised) == "Paris." + turn_end and supervised[-1] == tok.convert_tokens_to_ids(turn_end)
     assert decode(tok, unsupervised) == tok.apply_chat_template([USER1], tokenize=False, add_generation_prompt=True)
-    msg = {"role": "assistant", "content": "x", "reasoning_content": "r"}  # no reasoning delimiters: said
-    assert encode_batch(tok, [rec([USER1, msg])], 4096) == [REASONING_DELIMITERS_UNKNOWN]
+    msg = {"role": "assistant", "content": "x", "reasoning_content": "r"}  # no delimiters named: plain <think>
+    [(ids, mask)] = encode_batch(tok, [rec([USER1, msg])], 4096)
+    assert decode(tok, split_by_mask(ids, mask)[0]) == "<think>r</think>x" + turn_end

@@ -102,7 +102,9 @@ def test_workflow_against_transformers_serve(tmp_path, engine):
     assert 50 <= kept < 50 + 2 * THINKING_TOKENS  # met, with no more than the in-flight overshoot
     for rec in plain:
         turn = rec["messages"][-1]
-        assert turn["content"].strip() == CONTENT and not turn.get("reasoning_content")
+        # thinking off: transformers serve streams the template's "\n\n" as reasoning; it is journaled as
+        # streamed (whitespace only), and the rows below show tokenize adds no think block for it
+        assert turn["content"].strip() == CONTENT and not turn.get("reasoning_content", "").strip()
         assert rec["usage"]["completion_tokens"] == PLAIN_TOKENS
 
     # Tokenized with the target model's own tokenizer: supervised tokens are the assistant turn.
