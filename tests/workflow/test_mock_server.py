@@ -480,7 +480,7 @@ def test_chunk_interval_batches_tokens(server):
 
 
 def _words(delta):
-    return [len((delta.get(f) or "").split()) for f in ("reasoning_content", "content")]
+    return [len((delta.get(f) or "").split()) for f in ("reasoning", "content")]  # vLLM's reasoning field
 
 
 def test_tokens_per_event_puts_several_tokens_in_one_sse_event(server):
@@ -491,7 +491,7 @@ def test_tokens_per_event_puts_several_tokens_in_one_sse_event(server):
     content, reasoning, finish, usage, chunks, done = stream_chat(base, stream_options={"include_usage": True})
     assert done and finish == "stop" and usage == expected["usage"]
     msg = expected["choices"][0]["message"]
-    assert content == msg["content"] and reasoning == {"reasoning_content": msg["reasoning_content"]}
+    assert content == msg["content"] and reasoning == {"reasoning": msg["reasoning"]}  # --engine vllm's field
     events = [ch["choices"][0]["delta"] for ch in chunks[1:-2]]  # between the role chunk and finish, usage
     # 3 reasoning + 7 content tokens in events of 4, 4, 2: the first carries both fields
     assert [_words(d) for d in events] == [[3, 1], [0, 4], [0, 2]]
