@@ -39,6 +39,7 @@ import yaml
 
 from budgetgen import journal
 from budgetgen.fsutil import write_json_atomic
+from budgetgen.settings import InferenceSettings, load_config
 from budgetgen.status import compute_status
 
 GOAL_S = 10.0
@@ -50,7 +51,7 @@ CHAIN = ("budget_status", "inference", "finalize", "tokenize")  # plots hang off
 def make_workdir(d, n, state):
     d.mkdir(parents=True)
     (d / "prompts").mkdir()
-    datasets = {}
+    datasets, journals = {}, []
     for i in range(n):
         name = f"d{i:04d}"
         p = d / "prompts" / f"{name}.jsonl"
@@ -61,7 +62,7 @@ def make_workdir(d, n, state):
         datasets[name] = {"prompts": f"prompts/{name}.jsonl"}
         kind = "fresh" if state == "fresh" else ("met", "partial", "fresh")[i % 3]
         if kind != "fresh":
-            write_journal(d, name, BUDGET if kind == "met" else BUDGET // 2)
+            journals.append((name, BUDGET if kind == "met" else BUDGET // 2))
     tok = d / "tokenizer"  # the dry-run only hashes the folder; nothing loads it
     tok.mkdir()
     (tok / "tokenizer.json").write_text("{}")
@@ -71,6 +72,8 @@ def make_workdir(d, n, state):
               "datasets": datasets}
     with open(d / "config.yaml", "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
+    for name, tokens in journals:  # after the config: the status is counted under its settings
+        write_journal(d, name, tokens)
 
 
 def write_journal(d, name, tokens):
@@ -86,8 +89,12 @@ def write_journal(d, name, tokens):
                   "served_model": "mock-model", "created": 0.0, "latency_s": 1.0, "attempts": 1,
                   "usage": {"prompt_tokens": 5, "completion_tokens": per, "total_tokens": per + 5}})
     w.close()
-    status = compute_status(name, str(res / "journal.jsonl"), str(res / "errors.jsonl"),
-                            str(d / "prompts" / f"{name}.jsonl"))
+    here = os.getcwd()
+    os.chdir(d)  # the config's paths are relative to the working directory
+    try:
+        status = compute_status(InferenceSettings.from_config(load_config("config.yaml"), name))
+    finally:
+        os.chdir(here)
     write_json_atomic(str(res / "budget_status.json"), status)
 
 

@@ -9,7 +9,6 @@ from snakemake.exceptions import WorkflowError
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 from budgetgen import configcheck, settings, state  # noqa: E402
 from budgetgen.journal import scan as scan_journal  # noqa: E402
-from budgetgen.params import params_sha256  # noqa: E402
 from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -53,10 +52,10 @@ def content_generation(dataset):
     return json.dumps(settings.content_settings(config, dataset)["generation"], sort_keys=True)
 
 
-def current_params_sha(dataset):
-    """Hash of the request params the dataset's next inference job sends (errors recorded under
-    other params do not count against its prompts)."""
-    return params_sha256(settings.dataset_request_params(config, dataset))
+def policy(dataset):
+    """The dataset's generation identity now and generation.on_settings_change (budgetgen.identity):
+    which journal records count."""
+    return settings.settings_policy(config, dataset)
 
 
 def chat_template_kwargs(dataset):
@@ -67,12 +66,11 @@ def inference_threads():
     return settings.inference_threads(config)
 
 
-def plan_key(dataset):
-    """The dataset's generation plan (turns, samples per prompt) as its budget status records it."""
-    return settings.generation_plan(config, dataset).key()
-
-
-for _problem in (configcheck.config_problem(config), configcheck.api_key_warning(config, os.environ)):
+for _problem in (
+    configcheck.config_problem(config),
+    configcheck.api_key_warning(config, os.environ),
+    configcheck.identical_samples_warning(config),
+):
     if _problem and _problem.startswith("warning:"):
         print(_problem, file=sys.stderr)
     elif _problem:
@@ -103,25 +101,20 @@ def raw_responses_input(wildcards):
         # no need to wait for the checkpoint: a dry-run on a fresh tree already lists inference
         return [p.done]
     status = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
-    if state.finalize_from_journal(
-        dataset_files(ds), token_budget(ds), current_params_sha(ds), status, plan_key(ds)
-    ):
+    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), policy(ds).key(), status):
         return [p.journal]
     return [p.done]
 
 
-def journal_counts(path):
-    found = scan_journal(path)
-    return found.tokens, found.records
+def journal_counts(path, pol):
+    return scan_journal(path, accepts=pol.accepts, samples=pol.current.settings["samples_per_prompt"])
 
 
 def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
         rows = [
-            state.status_row(
-                ds, dataset_files(ds), token_budget(ds), current_params_sha(ds), journal_counts, plan_key(ds)
-            )
+            state.status_row(ds, dataset_files(ds), token_budget(ds), policy(ds), journal_counts)
             for ds in DATASETS
         ]
         print(state.format_status_table(rows), file=sys.stderr)

@@ -1,4 +1,5 @@
-# The journal, deduplicated by id, as the final raw_responses.jsonl (appears atomically).
+# The journal's records of the generation identities that count, deduplicated by id, as the final
+# raw_responses.jsonl (appears atomically).
 
 
 rule finalize:
@@ -13,6 +14,8 @@ rule finalize:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        journal=lambda wc: paths(wc.dataset).journal,
+        # rerun trigger: which records belong in it (the generation identity now, on_settings_change);
+        # the job reads its settings from the config (budgetgen.settings)
+        identity=lambda wc: json.dumps(policy(wc.dataset).key(), sort_keys=True),
     script:
         "../scripts/finalize.py"

@@ -2,7 +2,8 @@
 # No file inputs and no budget param: once written it never needs to rerun, which keeps
 # `snakemake -n` exact. The count can be stale but only ever too LOW (journals only grow), so
 # a stale status can schedule an inference job that ends at once, never skip unfinished work.
-# "met" is decided against the config's budget at DAG time (rules/common.smk).
+# "met" is decided against the config's budget at DAG time (rules/common.smk), of the journal records
+# whose generation identity counts (budgetgen.identity).
 
 
 checkpoint budget_status:
@@ -19,10 +20,7 @@ checkpoint budget_status:
     localrule: True
     conda:
         "../envs/budgetgen.yaml"
-    params:
-        journal=lambda wc: paths(wc.dataset).journal,
-        errors=lambda wc: paths(wc.dataset).errors,
-        prompts=lambda wc: prompts_path(wc.dataset),
-        on_bad_line=lambda wc: generation_setting(wc.dataset, "on_bad_line"),
+    # no params: the job reads its settings from the config (budgetgen.settings); the status records
+    # the generation identity it counted under, and budgetgen.state trusts it under that one only
     script:
         "../scripts/budget_status.py"

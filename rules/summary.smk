@@ -16,9 +16,8 @@ rule summary:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        datasets=DATASETS,
+        # rerun triggers: the job reads its settings from the config (budgetgen.settings)
         budgets=[token_budget(ds) for ds in DATASETS],
-        prompts=[prompts_path(ds) for ds in DATASETS],
-        errors=[paths(ds).errors for ds in DATASETS],
+        identities=[json.dumps(policy(ds).key(), sort_keys=True) for ds in DATASETS],
     script:
         "../scripts/summarize.py"

@@ -1,32 +1,39 @@
 #!/usr/bin/env python3
-"""Copy a dataset's journal to raw_responses.jsonl: whole records only, the first record of each
-id, in journal order, streamed (a journal can be GBs), written atomically."""
+"""Copy a dataset's journal to raw_responses.jsonl (rule `finalize`): whole records only, of the
+generation identities that count (budgetgen.identity: the settings now, and
+generation.on_settings_change), the first record of each id, in journal order, streamed (a journal can
+be GBs), written atomically.
+
+    python scripts/finalize.py --config config.yaml --dataset D [-d DIR]
+"""
 
 import argparse
 
 from budgetgen import journal
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
+from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--journal", required=True)
-    ap.add_argument("--output", required=True)
+def main(argv=None, config=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_dataset_arguments(ap)
     a = ap.parse_args(argv)
+    s = InferenceSettings.from_config(dataset_config(a, config), a.dataset)
     tokens = count = 0
-    with atomic_output(a.output) as f:
-        for _, rec in journal.iter_records(a.journal):
+    with atomic_output(s.paths.raw_responses) as f:
+        for _, rec in journal.iter_records(s.paths.journal, accepts=s.policy.accepts, samples=s.plan.samples):
             f.write(journal.encode_record(rec))
             tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
             count += 1
-    print(f"Finalized: {count} responses, {tokens} completion tokens -> {a.output}")
+    print(f"Finalized: {count} responses, {tokens} completion tokens -> {s.paths.raw_responses}")
     return 0
 
 
 def argv_from_snakemake(smk):
-    return ["--journal", smk.params.journal, "--output", smk.output[0]]
+    """Rule `finalize`: the dataset; the config is Snakemake's own."""
+    return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset]
 
 
 if __name__ == "__main__":
-    entry_point(main, argv_from_snakemake, globals())
+    entry_point(main, argv_from_snakemake, globals(), config_from_snakemake=True)

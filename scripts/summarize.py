@@ -1,36 +1,35 @@
 #!/usr/bin/env python3
-"""Write results/summary.tsv (rule `summary`): one row per dataset."""
+"""Write results/summary.tsv (rule `summary`): one row per dataset of the config.
+
+    python scripts/summarize.py --config config.yaml [-d DIR] --output results/summary.tsv
+
+Each dataset's paths, budget, generation plan and identity come from the config (budgetgen.settings):
+errors count only under the generation identities that count (budgetgen.identity).
+"""
 
 import argparse
+import os
 
-from budgetgen.conversations import TURNS, Plan
-from budgetgen.errors import UserError, entry_point
+from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
-from budgetgen.settings import generation_plan
+from budgetgen.settings import InferenceSettings, load_config
 from budgetgen.summary import dataset_row, format_tsv
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dataset", nargs=6, action="append", required=True,
-                    metavar=("NAME", "RAW", "TOKENIZED", "BUDGET", "PROMPTS", "ERRORS"),
-                    help="one dataset; repeat for each")
-    ap.add_argument("--plan", nargs=3, action="append", default=[], metavar=("NAME", "TURNS", "SAMPLES"),
-                    help="a dataset's generation.turns and samples_per_prompt (default: last 1)")
+def main(argv=None, config=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
+    ap.add_argument("--directory", "-d", default=None, help="working directory (default: the current one)")
     ap.add_argument("--output", required=True)
     a = ap.parse_args(argv)
-    plans = {}
-    for name, turns, samples in a.plan:
-        if turns not in TURNS or not samples.isdigit() or int(samples) < 1:
-            raise UserError(f"--plan {name}: turns must be one of {', '.join(TURNS)} and samples a positive integer")
-        plans[name] = Plan(turns=turns, samples=int(samples))
+    config = config if config is not None else load_config(os.path.abspath(a.config))
+    if a.directory:
+        os.chdir(a.directory)
     rows = []
-    for name, raw, tokenized, budget, prompts, errors in a.dataset:
-        try:
-            budget = int(budget)
-        except ValueError:
-            raise UserError(f"--dataset {name}: budget {budget!r} is not an integer") from None
-        rows.append(dataset_row(name, raw, budget, prompts, errors, tokenized, plans.get(name)))
+    for name in sorted(config["datasets"]):
+        s = InferenceSettings.from_config(config, name)
+        rows.append(dataset_row(name, s.paths.raw_responses, s.budget, s.paths.prompts, s.paths.errors,
+                                s.paths.tokenized, s.plan, s.policy.accepts))
     text = format_tsv(rows)
     with atomic_output(a.output) as f:
         f.write(text)
@@ -39,14 +38,9 @@ def main(argv=None):
 
 
 def argv_from_snakemake(smk):
-    argv = ["--output", smk.output[0]]
-    p = smk.params
-    for i, name in enumerate(p.datasets):
-        argv += ["--dataset", name, smk.input.raw[i], smk.input.tokenized[i], p.budgets[i], p.prompts[i], p.errors[i]]
-        plan = generation_plan(smk.config, name)
-        argv += ["--plan", name, plan.turns, str(plan.samples)]
-    return argv
+    """Rule `summary`: the output; the config is Snakemake's own."""
+    return ["--config", "(the config Snakemake loaded)", "--output", smk.output[0]]
 
 
 if __name__ == "__main__":
-    entry_point(main, argv_from_snakemake, globals())
+    entry_point(main, argv_from_snakemake, globals(), config_from_snakemake=True)

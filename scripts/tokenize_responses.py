@@ -32,7 +32,10 @@ def main(argv=None, config=None):
     from budgetgen.tokenization import tokenize_file
 
     tokenize_file(s.paths.raw_responses, s.paths.tokenized, s.tokenizer, s.max_length, processes=s.processes,
-                  chat_template_kwargs=s.chat_template_kwargs, allow_mixed_settings=s.allow_mixed_settings,
+                  chat_template_kwargs=s.chat_template_kwargs,
+                  # on_settings_change: extend keeps the records of earlier settings: each row says its own
+                  allow_mixed_settings=s.allow_mixed_settings or s.policy.on_change == "extend",
+                  samples=s.samples,
                   use_server_token_ids=s.use_server_token_ids, config_sha256=s.config_sha256,
                   trust_remote_code=s.trust_remote_code, max_skipped_pct=s.max_skipped_pct,
                   reasoning_tags=s.reasoning_tags, log=lambda msg: print(msg, flush=True))

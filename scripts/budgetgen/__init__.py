@@ -6,6 +6,7 @@ One module per concern:
   configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
   settings     typed settings built once from the validated config (defaults only from the schema)
   params       the request parameters that affect content, as journaled with every record
+  identity     the generation identity of every record, and what a settings change does to a journal
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
@@ -15,7 +16,7 @@ One module per concern:
   launch       a server started by the inference job itself (server.launch): start, wait, stop
   inference    the dispatch loop tying prompts, budget, client and journal together
   status       budget status of a dataset (the checkpoint's content)
-  state        a dataset's state (fresh, partial, met, exhausted), defined once
+  state        a dataset's state (fresh, partial, met, exhausted, refused), defined once
   tokenization chat-template rendering, prompt + completion ids, loss masks, Arrow output
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv

@@ -126,6 +126,24 @@ def api_key_warning(config, environ):
     return None
 
 
+def identical_samples_warning(config):
+    """A warning line per dataset whose samples_per_prompt > 1 would give identical samples (greedy
+    decoding, or a fixed sampling seed in extra_body), else None."""
+    from .settings import generation_setting
+
+    lines = []
+    for ds in sorted(config["datasets"]):
+        g = lambda key, ds=ds: generation_setting(config, ds, key)  # noqa: E731
+        if int(g("samples_per_prompt") or 1) < 2:
+            continue
+        why = ("temperature 0" if g("temperature") == 0 else
+               "a fixed seed in extra_body" if (g("extra_body") or {}).get("seed") is not None else None)
+        if why:
+            lines.append(f"warning: dataset {ds}: samples_per_prompt {g('samples_per_prompt')} with {why} gives "
+                         "identical samples; set a temperature above 0 and no fixed seed")
+    return "\n".join(lines) or None
+
+
 def tokenizer_problem(name):
     """Why tokenizer.path cannot be loaded (as tokenization.load_tokenizer decides), or None: a folder,
     or a hub name (org/model) already in the local Hugging Face cache."""

@@ -26,7 +26,7 @@ segment of the next user turn; an assistant message that follows another one is 
 History sent back (`history_reasoning`): `drop` sends earlier answers as content only (what
 Qwen3-style templates expect, and what they would render anyway); `keep` sends their
 `reasoning_content` too (templates that keep earlier reasoning: newer Kimi and DeepSeek releases).
-Under `turns: all` both go into each record's params (`turns`, `history_reasoning`).
+The plan is part of the generation identity (budgetgen.identity), which every record stores.
 
 What is left (`left`): a chain is finished when all its turns are journaled; a permanent error on
 turn k ends it at k-1 (its first missing turn failed under the current request params). The budget
@@ -44,19 +44,7 @@ class Plan:
     samples: int = 1
     history_reasoning: str = "drop"
 
-    def key(self):
-        """What the status checkpoint records: the plan its counts were made under."""
-        return {"turns": self.turns, "samples_per_prompt": self.samples}
 
-    def params_extra(self):
-        """What goes into each record's params beyond the request's own (turns: all only, so the
-        params of `turns: last` are those of journals written before these settings existed)."""
-        if self.turns == "all":
-            return {"turns": "all", "history_reasoning": self.history_reasoning}
-        return {}
-
-
-DEFAULT_PLAN_KEY = Plan().key()
 
 
 def segments(messages):
@@ -95,6 +83,7 @@ class Chain:
     id: str
     sample: int
     messages: tuple  # the prompt's normalised messages
+    prompt_id: str  # the source prompt, shared by its samples and turns
     turn_segments: tuple  # turns: all: the user turns; turns: last: the whole prompt, one turn
     plan: Plan
 
@@ -116,8 +105,8 @@ class Chain:
         return len(segments(self.messages))
 
     def where(self, k):
-        """What a record of turn k says of its place: conversation id, turn (and sample)."""
-        w = {"conversation_id": self.id, "turn": self.turn_index(k)}
+        """What a record of turn k says of its place: conversation id, source prompt, turn (and sample)."""
+        w = {"conversation_id": self.id, "prompt_id": self.prompt_id, "turn": self.turn_index(k)}
         if self.plan.samples > 1:
             w["sample"] = self.sample
         return w
@@ -150,6 +139,17 @@ def record_place(rid, record):
     return (str(conv) if conv is not None else str(rid)), turn
 
 
+def record_prompt_id(rid, record):
+    """The source prompt of a journal record (shared by its samples and turns): as the record says, else
+    (records written before they said) its conversation less the sample suffix."""
+    pid = record.get("prompt_id")
+    if pid is not None:
+        return str(pid)
+    conv, _ = record_place(rid, record)
+    suffix = f"/s{record['sample']}" if "sample" in record else ""
+    return conv[: -len(suffix)] if suffix and conv.endswith(suffix) else conv
+
+
 def chains(prompt_list, plan):
     """The chains of a prompt set, in prompt order."""
     out = []
@@ -157,7 +157,7 @@ def chains(prompt_list, plan):
         segs = segments(p.messages) if plan.turns == "all" else [list(p.messages)]
         for s in range(1, plan.samples + 1):
             cid = p.id if plan.samples == 1 else f"{p.id}/s{s}"
-            out.append(Chain(id=cid, sample=s, messages=p.messages,
+            out.append(Chain(id=cid, sample=s, messages=p.messages, prompt_id=p.id,
                              turn_segments=tuple(tuple(seg) for seg in segs), plan=plan))
     return out
 

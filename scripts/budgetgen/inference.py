@@ -27,13 +27,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from . import conversations, journal, prompts, status
+from . import conversations, journal, prompts
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
-from .params import params_sha256
 from .settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -83,6 +82,7 @@ class RunStats:
         self.retry_kinds = {}
         self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
         self.errors = 0  # permanent errors of this run
+        self.responses = 0  # responses journaled by this run
         self.rates = Rates()
 
     def retried(self, exc):
@@ -140,15 +140,15 @@ class PermanentErrors:
 
     FAILURE_STREAK = 20
 
-    def __init__(self, path, params):
-        self.path, self.params = path, params
+    def __init__(self, path, params, identity):
+        self.path, self.params, self.identity = path, params, identity
         self.pending = []
         self.streak_status, self.streak = None, 0
 
     def add(self, gen_id, messages, exc, where=None):
-        self.pending.append({"id": gen_id, **(where or {}), "messages": messages, "status": exc.status,
-                             "error": exc.message, "params": self.params, "created": round(time.time(), 3),
-                             "usage": {}})
+        self.pending.append({"id": gen_id, "identity": self.identity.sha, **(where or {}), "messages": messages,
+                             "status": exc.status, "error": exc.message, "identity_settings": self.identity.settings,
+                             "params": self.params, "created": round(time.time(), 3), "usage": {}})
         self.streak = self.streak + 1 if self.streak_status == exc.status else 1
         self.streak_status = exc.status
         if self.streak >= self.FAILURE_STREAK:
@@ -217,22 +217,35 @@ def prepare(s):
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        journaled = journal.scan(s.paths.journal, repair=True)
+        policy, samples = s.policy, s.plan.samples
+        journaled = journal.scan(s.paths.journal, repair=True, accepts=policy.accepts, samples=samples)
         if journaled.repaired_bytes:
             log.info(f"Repaired torn journal tail: dropped {journaled.repaired_bytes} bytes")
         if journaled.duplicates:
             log.info(f"Journal holds {journaled.duplicates} duplicate ids (first kept, counted once)")
         # errors.jsonl is append-only too, written only under this lock: its torn tail is cut here
-        repaired = journal.scan(s.paths.errors, repair=True).repaired_bytes
+        repaired = journal.repair_tail(s.paths.errors)
         if repaired:
             log.info(f"Repaired torn tail of {s.paths.errors}: dropped {repaired} bytes")
+        refusal = policy.refusal(s.dataset, journaled.by_identity)
+        if refusal:
+            raise UserError(refusal)
     except BaseException:
         lock.release()
         raise
+    log.info(f"Generation identity {policy.current.sha} ({policy.current.settings_json}); "
+             f"on_settings_change: {policy.on_change}")
+    others = {sha: c for sha, c in journaled.by_identity.items() if sha != policy.current.sha}
+    if others:
+        kept = "counted toward the budget and kept in the outputs" if policy.on_change == "extend" else \
+            "kept in the journal, out of every count and output"
+        log.info(f"Journal holds records of {len(others)} other identities "
+                 f"({sum(c.records for c in others.values())} records, {sum(c.tokens for c in others.values())} "
+                 f"tokens): {kept} (generation.on_settings_change: {policy.on_change})")
     params = s.request_params()
-    by_params = status.errors_by_params(s.paths.errors)
-    errored = set(by_params.get(params_sha256(params), ()))
-    elsewhere = set().union(*by_params.values()) - errored - journaled.ids
+    by_identity = journal.errors_by_identity(s.paths.errors, samples)
+    errored = set(by_identity.get(policy.current.sha, ()))
+    elsewhere = set().union(*by_identity.values()) - errored - journaled.ids
     log.info(f"Resuming: {journaled.records} already done ({journaled.tokens} tokens)"
              + (f", {len(errored)} failed permanently earlier" if errored else "")
              + (f", {len(elsewhere)} failed earlier under other settings (asked again)" if elsewhere else ""))
@@ -246,7 +259,8 @@ def prepare(s):
         if k is not None and c.turn_id(k) not in errored:
             (started if k > 1 else fresh).append((c, k))
     # conversations under way continue first, each from its last journaled turn
-    previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for c, k in started])
+    previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for c, k in started],
+                                     accepts=policy.accepts, samples=samples)
     queue = deque(Generation(c, k, previous[c.turn_id(k - 1)]) for c, k in started)
     queue.extend(Generation(c, k) for c, k in fresh)
     if started:
@@ -308,7 +322,8 @@ class InferenceJob:
                 return
             break
         self.last_ok = time.monotonic()
-        rec = journal.response_record(gid, messages, res, rs.params, t0, retries.attempts + 1, chain.where(gen.k))
+        rec = journal.response_record(gid, messages, res, s.identity, rs.params, t0, retries.attempts + 1,
+                                      chain.where(gen.k))
         self.writer.append(rec)
         if gen.k < chain.n_turns:  # the next turn: a new request, at the head of the queue
             rs.queue.appendleft(Generation(chain, gen.k + 1, rec))
@@ -320,6 +335,7 @@ class InferenceJob:
         rs.journaled.records += 1
         rs.lengths.observe(tokens)
         self.stats.rates.add(tokens)
+        self.stats.responses += 1
         self.errors.success()
 
     # -- progress ------------------------------------------------------------------------
@@ -355,7 +371,7 @@ class InferenceJob:
         s = self.s
         self.lock, self.run_state = prepare(s)
         rs = self.run_state
-        self.errors = PermanentErrors(s.paths.errors, rs.params)
+        self.errors = PermanentErrors(s.paths.errors, rs.params, s.identity)
         if rs.journaled.tokens >= s.budget or not rs.queue:
             return self.finish()
         api_key = None
@@ -390,6 +406,8 @@ class InferenceJob:
             self.last_ok = time.monotonic()
             progress = asyncio.create_task(self.progress_loop())
             await self.dispatch_loop()
+            if self.stop_signal is None and self.stats.errors and not self.stats.responses:
+                await self.prove_server()
         finally:
             if progress:
                 progress.cancel()
@@ -413,6 +431,40 @@ class InferenceJob:
                      f"({rs.journaled.records} responses, {rs.journaled.tokens} tokens); rerun to resume")
             return EXIT_SIGNAL[self.stop_signal]
         return self.finish()
+
+    async def prove_server(self):
+        """Every request of this run failed permanently: that the server works under these settings must
+        be proved in this run before the errors are the prompts' (an earlier run's records prove nothing
+        about a setting changed since). One prompt answered before is asked again (the answer is not
+        kept): answered, the errors are recorded and the run goes on to its end; refused too, the
+        settings are at fault: one line, nothing recorded."""
+        s, rs = self.s, self.run_state
+        first = self.errors.first()
+        failed = f"{self.stats.errors} requests of this run failed permanently (first: {first['id']}: HTTP " \
+                 f"{first['status']}: {first['error'][:200]})"
+        probe = next((c for c in rs.chains if c.turn_id(1) in rs.journaled.ids), None)
+        if probe is None:
+            raise UserError(f"no response from the server for any prompt of this run: {failed}; nothing recorded; "
+                            f"{likely_setting(first['error'], s)}")
+        log.info(f"{failed}; asking {probe.turn_id(1)}, answered before, again to tell the prompts' errors "
+                 "from the server's or the settings'")
+        retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
+        while True:
+            try:
+                await self.client.chat(probe.request(1), rs.params, return_token_ids=s.return_token_ids)
+                break
+            except TransientError as exc:
+                delay = retries.delay_after(exc, max(self.last_ok, self.client.last_byte), self.client.urls)
+                if delay is None:
+                    raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails too: {exc}; "
+                                    "nothing recorded; rerun when the server answers") from None
+                await asyncio.sleep(delay)
+            except PermanentError as exc:
+                raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails the same way ({exc}): "
+                                f"the settings, not the prompts, are at fault; nothing recorded; "
+                                f"{likely_setting(str(exc), s)}") from None
+        log.info(f"{probe.turn_id(1)} answered: the server works under these settings; the errors are the prompts'")
+        self.errors.success()
 
     def generated_in_flight(self):
         now = time.monotonic()
@@ -478,7 +530,7 @@ class InferenceJob:
             "budget": s.budget, "prompts": len(rs.prompt_ids), "conversations": len(rs.chains),
             "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
             "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,
-            "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4),
+            "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4), **s.policy.key(),
             "wall_s": round(time.monotonic() - stats.started, 2),
         })
         return 0
@@ -486,6 +538,16 @@ class InferenceJob:
     def close(self):
         if self.lock:
             self.lock.release()
+
+
+def likely_setting(message, s):
+    """The setting a permanent error that every request meets most likely comes from, for its one line."""
+    text = message.lower()
+    if any(w in text for w in ("context", "max_tokens", "maximum", "too long", "length")):
+        return (f"likely generation.max_tokens ({s.max_tokens}): prompt + max_tokens past the model's context "
+                "length; lower it")
+    return ("likely a setting every request sends: server.model, generation.temperature / top_p / extra_body "
+            "(e.g. a chat_template_kwargs key the server refuses)")
 
 
 def run(settings):

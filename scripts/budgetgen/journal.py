@@ -1,15 +1,17 @@
 """Append-only JSON Lines files: the response journal (the resumable state of one dataset's
 generation) and the permanent-error log `errors.jsonl`.
 
-Format: JSON Lines, one whole record per line, `"id"` the first key and `"usage"` the last, so a
-scan can read the id from the head of a line and the token count from its tail without parsing
-the (possibly megabytes of) content in between. A crash can only leave a torn *last* line (no
+Format: JSON Lines, one whole record per line, `"id"` the first key, `"identity"` (the sha of the
+settings it was made under, budgetgen.identity) the second and `"usage"` the last, so a scan can read
+the id and identity from the head of a line and the token count from its tail without parsing the
+(possibly megabytes of) content in between. A crash can only leave a torn *last* line (no
 trailing newline); `repair_tail` truncates it. A line that is whole but unparseable is corruption
 from outside and is an error naming file:line, never silently dropped.
 
 One machinery for every append-only file. Both `results/D/journal.jsonl` and
 `results/D/errors.jsonl` are written only through `JournalWriter` (`append_error` is a
-JournalWriter too), read with `scan`/`iter_records`, and repaired with `repair_tail` (`scan(path,
+JournalWriter too), read through `whole_lines` (one tolerance policy: a torn tail skipped, a bad
+line elsewhere `FILE:LINE: reason`) by `scan`/`iter_records`/`records_by_id`/`errors_by_identity`, and repaired with `repair_tail` (`scan(path,
 repair=True)`), all by the inference job while it holds the journal's lock (`JournalLock` of
 `journal.jsonl`, which covers `errors.jsonl` as well: one lock, one writer per dataset). A writer
 never appends behind a torn line: opening a `JournalWriter` cuts a torn tail first (a kill during
@@ -27,13 +29,23 @@ from dataclasses import dataclass, field
 
 from .errors import UserError
 
-_ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"')
+_ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
 
 
 @dataclass
+class IdentityCount:
+    """The records of one generation identity (budgetgen.identity) in a journal, and its settings."""
+
+    records: int = 0
+    tokens: int = 0
+    settings: dict | None = None
+
+
+@dataclass
 class JournalState:
-    """What a scan of the journal knows: done ids and the tokens they count toward the budget."""
+    """What a scan of the journal knows: the ids done and the tokens they count toward the budget,
+    of the identities that count (`scan(accepts=)`); every identity's records in `by_identity`."""
 
     path: str
     ids: set = field(default_factory=set)
@@ -42,6 +54,7 @@ class JournalState:
     duplicates: int = 0
     lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
     repaired_bytes: int = 0
+    by_identity: dict = field(default_factory=dict)  # identity sha -> IdentityCount, counted or not
 
 
 def repair_tail(path):
@@ -75,8 +88,34 @@ def repair_tail(path):
         return size - keep
 
 
+def whole_lines(path, strict_tail=False):
+    """The one reader of every append-only file: yield (lineno, line) for each whole, non-blank line.
+
+    A torn tail (a last line without its newline: a crash mid-append) is not a record: it is skipped
+    (the writer cuts it when it opens the file), or, with strict_tail (the caller holds the lock and has
+    just repaired the file), an error, since it can only come from another writer. A whole line that
+    is not UTF-8 is corruption from outside: `FILE:LINE: reason`, never dropped silently."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.endswith(b"\n"):
+                if strict_tail:
+                    raise UserError(f"{path}:{lineno}: journal changed while being read")
+                return
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}:{lineno}: corrupt journal record (not UTF-8 at byte {exc.start})") from None
+            if line.strip():
+                yield lineno, line
+
+
 def parse_line_fast(line):
-    """Return (id, completion_tokens) from one journal line, or None if it is not in our layout."""
+    """Return (id, identity sha or None, completion_tokens) from one journal line, or None if it is not in
+    our layout."""
     head = _ID_HEAD.match(line)
     if not head:
         return None
@@ -89,7 +128,7 @@ def parse_line_fast(line):
     rid = head.group(1)
     if "\\" in rid:
         rid = json.loads('"' + rid + '"')
-    return rid, int(tail.group(1))
+    return rid, head.group(2), int(tail.group(1))
 
 
 def parse_line(line, where):
@@ -100,88 +139,107 @@ def parse_line(line, where):
         raise UserError(f"{where}: corrupt journal record ({exc.msg} at column {exc.colno})") from None
     if not isinstance(rec, dict) or "id" not in rec:
         raise UserError(f"{where}: corrupt journal record (no id)")
-    usage = rec.get("usage") or {}
-    return str(rec["id"]), int(usage.get("completion_tokens") or 0), rec
+    usage = rec.get("usage") if isinstance(rec.get("usage"), dict) else {}
+    try:
+        tokens = int(usage.get("completion_tokens") or 0)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: corrupt journal record (usage.completion_tokens is not a number)") from None
+    return str(rec["id"]), tokens, rec
 
 
-def scan(path, repair=False):
-    """Read a journal into a JournalState. With repair=True a torn tail is truncated first."""
+def scan(path, repair=False, accepts=None, samples=1):
+    """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
+    first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
+    by default); `samples`: the configured samples_per_prompt, for records written before identities
+    (identity.legacy_identity). Lines are parsed in full only where the head and tail do not say
+    enough (a record without a stored identity; an identity's first record, for its settings)."""
+    from .identity import record_settings, record_sha
+
     state = JournalState(path=os.fspath(path))
     if repair:
         state.repaired_bytes = repair_tail(path)
-    try:
-        f = open(path, encoding="utf-8", errors="surrogateescape")
-    except FileNotFoundError:
-        return state
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.endswith("\n"):
-                if repair:  # appeared after the repair: another writer, which the lock prevents
-                    raise UserError(f"{path}:{lineno}: journal changed while being read")
-                break  # torn tail; the writer repairs it on start
-            if not line.strip():
-                continue
-            got = parse_line_fast(line)
-            if got is None:
-                rid, tokens, _ = parse_line(line, f"{path}:{lineno}")
-            else:
-                rid, tokens = got
-            if rid in state.ids:
-                state.duplicates += 1  # keep the first; never count a response twice
-                continue
-            state.ids.add(rid)
-            state.tokens += tokens
-            state.records += 1
-            state.lengths.append(tokens)
+    for lineno, line in whole_lines(path, strict_tail=repair):
+        got = parse_line_fast(line)
+        rid = sha = settings = None
+        if got is not None:
+            rid, sha, tokens = got
+        if sha is None or sha not in state.by_identity:
+            rid, tokens, rec = parse_line(line, f"{path}:{lineno}")
+            sha, settings = record_sha(rec, samples), record_settings(rec, samples)
+        count = state.by_identity.get(sha)
+        if count is None:
+            count = state.by_identity[sha] = IdentityCount(settings=settings)
+        count.records += 1
+        count.tokens += tokens
+        if accepts is not None and not accepts(sha):
+            continue
+        if rid in state.ids:
+            state.duplicates += 1  # keep the first; never count a response twice
+            continue
+        state.ids.add(rid)
+        state.tokens += tokens
+        state.records += 1
+        state.lengths.append(tokens)
     return state
 
 
-def iter_records(path):
-    """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only."""
+def iter_records(path, accepts=None, samples=1):
+    """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only, of the
+    identities `accepts` takes (all by default; see scan)."""
+    from .identity import record_sha
+
     seen = set()
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.endswith("\n") or not line.strip():
-                continue
-            rid, _, rec = parse_line(line, f"{path}:{lineno}")
-            if rid in seen:
-                continue
-            seen.add(rid)
-            yield lineno, rec
+    for lineno, line in whole_lines(path):
+        rid, _, rec = parse_line(line, f"{path}:{lineno}")
+        if rid in seen or (accepts is not None and not accepts(record_sha(rec, samples))):
+            continue
+        seen.add(rid)
+        yield lineno, rec
 
 
-def records_by_id(path, ids):
-    """{id: record} of the first whole record of each of `ids` (only those lines are parsed in full):
-    the turns a resumed conversation continues from."""
+def records_by_id(path, ids, accepts=None, samples=1):
+    """{id: record} of the first whole record of each of `ids` among the identities `accepts` takes
+    (only those lines are parsed in full): the turns a resumed conversation continues from."""
+    from .identity import record_sha
+
     wanted, found = set(ids), {}
-    if not wanted or not os.path.exists(path):
+    if not wanted:
         return found
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.endswith("\n") or not line.strip():
-                continue
-            got = parse_line_fast(line)
-            if got is not None and (got[0] not in wanted or got[0] in found):
-                continue
-            rid, _, rec = parse_line(line, f"{path}:{lineno}")
-            if rid in wanted and rid not in found:
-                found[rid] = rec
-                if len(found) == len(wanted):
-                    break
+    for lineno, line in whole_lines(path):
+        got = parse_line_fast(line)
+        if got is not None and (got[0] not in wanted or got[0] in found):
+            continue
+        rid, _, rec = parse_line(line, f"{path}:{lineno}")
+        if rid in wanted and rid not in found and (accepts is None or accepts(record_sha(rec, samples))):
+            found[rid] = rec
+            if len(found) == len(wanted):
+                break
     return found
 
 
-def response_record(gen_id, messages, result, params, created, attempts, where=None):
-    """The journal record of one response (a client.ChatResult) to `messages`: the conversation with
-    the generated assistant turn appended, how it was made, and its usage (last, see above).
-    `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?}), after the id."""
+def errors_by_identity(errors_path, samples=1):
+    """{identity sha: ids} of the permanent errors in errors.jsonl, every record read (one id may have
+    failed under several settings). An error holds only under the identity that produced it."""
+    from .identity import record_sha
+
+    found = {}
+    for lineno, line in whole_lines(errors_path):
+        rid, _, rec = parse_line(line, f"{errors_path}:{lineno}")
+        found.setdefault(record_sha(rec, samples), set()).add(rid)
+    return found
+
+
+def response_record(gen_id, messages, result, identity, params, created, attempts, where=None):
+    """The journal record of one response (a client.ChatResult) to `messages`: the id and the identity
+    it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
+    conversation with the generated assistant turn appended, the request params, and its usage (last,
+    see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?})."""
     assistant = {"role": "assistant", "content": result.content}
     if result.reasoning:
         assistant["reasoning_content"] = result.reasoning
-    rec = {"id": gen_id, **(where or {}), "messages": list(messages) + [assistant],
-           "finish_reason": result.finish_reason, "params": params, "served_model": result.model,
+    rec = {"id": gen_id, "identity": identity.sha, **(where or {}), "messages": list(messages) + [assistant],
+           "finish_reason": result.finish_reason, "identity_settings": identity.settings, "params": params,
+           "served_model": result.model,
            "created": round(created, 3), "latency_s": round(time.time() - created, 3), "attempts": attempts}
     if result.prompt_token_ids:
         rec["prompt_token_ids"] = result.prompt_token_ids
@@ -192,9 +250,12 @@ def response_record(gen_id, messages, result, params, created, attempts, where=N
 
 
 def encode_record(rec):
-    """One journal line. `id` first and `usage` last (see the module docstring)."""
+    """One journal line. `id` first, `identity` next (when the record has one) and `usage` last (see the
+    module docstring)."""
     ordered = {"id": rec["id"]}
-    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "usage"))
+    if "identity" in rec:
+        ordered["identity"] = rec["identity"]
+    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "identity", "usage"))
     ordered["usage"] = rec.get("usage") or {}
     return json.dumps(ordered, ensure_ascii=False) + "\n"
 

@@ -18,14 +18,16 @@ from dataclasses import dataclass
 
 from .conversations import Plan
 from .errors import UserError
+from .identity import Identity, Policy, settings_of
 from .params import params_sha256, request_params
 
 SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "schemas", "config.schema.yaml")
 
 # Settings that change what a dataset's data is (not how fast or how robustly it is made).
+# The generation identity (budgetgen.identity) is the part of them that shapes each generation.
 CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
-                           "history_reasoning", "samples_per_prompt")
+                           "history_reasoning", "samples_per_prompt", "on_settings_change")
 # Tokenizer settings that change the rows (processes only changes the speed).
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
@@ -106,8 +108,17 @@ def generation_plan(config, dataset):
 def dataset_request_params(config, dataset):
     """The request params the dataset's inference job sends (and journals with every response)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
-    return {**request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body")),
-            **generation_plan(config, dataset).params_extra()}
+    return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"))
+
+
+def generation_identity(config, dataset):
+    """The identity of the generations the dataset's next inference job makes (budgetgen.identity)."""
+    return Identity.of(settings_of(dataset_request_params(config, dataset), generation_plan(config, dataset)))
+
+
+def settings_policy(config, dataset):
+    """The identity now and generation.on_settings_change: which journal records count."""
+    return Policy(generation_identity(config, dataset), generation_setting(config, dataset, "on_settings_change"))
 
 
 def content_settings(config, dataset):
@@ -182,6 +193,7 @@ class InferenceSettings:
     launch_port: int
     launch_ready_timeout_s: float
     plan: Plan
+    policy: Policy  # the generation identity now, and what a journal made under other settings means
 
     @classmethod
     def from_config(cls, config, dataset, slots=None):
@@ -208,17 +220,20 @@ class InferenceSettings:
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),
             launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
+            policy=settings_policy(config, dataset),
         )
 
     @property
     def dataset(self):
         return self.paths.dataset
 
+    @property
+    def identity(self):
+        return self.policy.current
+
     def request_params(self):
-        """The request parameters that affect content (with the plan's, under turns: all); recorded with
-        every response and error."""
-        return {**request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body),
-                **self.plan.params_extra()}
+        """The request parameters that affect content; recorded with every response and error."""
+        return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
 
 
 @dataclass(frozen=True)
@@ -237,6 +252,8 @@ class TokenizeSettings:
     max_skipped_pct: float
     chat_template_kwargs: dict
     config_sha256: str
+    policy: Policy  # which records' identities belong in the rows (extend: several, each row says its own)
+    samples: int  # generation.samples_per_prompt, for records written before identities
 
     @classmethod
     def from_config(cls, config, dataset, processes=None):
@@ -250,5 +267,6 @@ class TokenizeSettings:
             reasoning_tags=tuple(t["reasoning_tags"]) if t.get("reasoning_tags") else None,
             max_skipped_pct=float(t["max_skipped_pct"]),
             chat_template_kwargs=chat_template_kwargs(config, dataset),
-            config_sha256=config_sha256(config, dataset),
+            config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset),
+            samples=int(generation_setting(config, dataset, "samples_per_prompt")),
         )

@@ -4,13 +4,20 @@ Used at DAG time by rules/common.smk (which inputs finalize needs, the status ta
 prints), by the status checkpoint, the inference job and the summary, so that "met" and "exhausted"
 mean the same thing everywhere:
 
-  met        the journaled completion tokens reach the budget in the config *now*;
+  met        the journaled completion tokens *of the identities that count* (budgetgen.identity: the
+             generation settings now, and generation.on_settings_change) reach the budget in the config
+             *now*;
   exhausted  not met, and no generation is left to ask: every generation (a prompt's, or each turn and
              sample of it: budgetgen.conversations) is journaled or was ended by a permanent error
-             under the request parameters the next job would send, the prompts file has not changed
-             and the generation plan is the one that was counted under;
-  partial    neither, with something journaled;
+             under the identity the next job would make, and the prompts file has not changed;
+  refused    the journal holds records made under other settings, and on_settings_change says refuse
+             (the inference job refuses before any request, in one line);
+  partial    none of these, with something journaled;
   fresh      nothing journaled yet.
+
+Counts are trusted only under the identity and on_settings_change they were made under (the status's
+and the done marker's `identity`, `on_settings_change`): counted under others they say nothing, so
+the inference job runs and decides.
 
 The files read: the done marker the inference job writes when it finishes (results/D/inference.done,
 absent while a job runs or after an interrupted one), the status checkpoint's output
@@ -21,9 +28,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .conversations import DEFAULT_PLAN_KEY
-
-FRESH, PARTIAL, MET, EXHAUSTED = "fresh", "partial", "met", "exhausted"
+FRESH, PARTIAL, MET, EXHAUSTED, REFUSED = "fresh", "partial", "met", "exhausted", "refused"
 
 
 @dataclass(frozen=True)
@@ -43,29 +48,23 @@ def budget_state(tokens, budget, exhausted):
     return EXHAUSTED if exhausted else PARTIAL
 
 
-def exhausted_under(status, params_sha):
-    """Whether a status (status.compute_status) leaves no prompt to ask under the request parameters
-    `params_sha`: each unanswered prompt failed permanently under exactly those parameters (errors
-    under other settings make their prompts eligible again)."""
-    remaining = int(status.get("remaining_prompts", 0))
-    errored = status.get("errored_by_params")
-    if errored is None:  # written before errors were tied to settings: trust its own verdict
-        return bool(status.get("exhausted"))
-    return remaining - int(errored.get(params_sha, 0)) <= 0
+def counted_under(info, policy_key):
+    """Whether a status or done marker was counted under `policy_key` (identity.Policy.key()): written
+    before identities, or under other settings, it is not."""
+    return all(info.get(k) == v for k, v in policy_key.items())
 
 
-def decide(done, status, budget, params_sha, prompts_changed, journal_exists, plan_key=None):
+def decide(done, status, budget, policy_key, prompts_changed, journal_exists):
     """The state from what is known (pure): the done marker's content (or None), the status (or None),
-    the budget and request parameters now, whether the prompts changed since the status was written,
-    whether a journal exists, the generation plan now (Plan.key(); a status counted under another
-    plan never says exhausted). Returns (state, the info the state was read from)."""
-    if done is not None:
+    the budget and the policy key now (identity.Policy.key()), whether the prompts changed since the
+    status was written, whether a journal exists. Returns (state, the info the state was read from)."""
+    if done is not None and counted_under(done, policy_key):
         return budget_state(done.get("tokens", 0), budget, done.get("state") == EXHAUSTED), done
-    if status is None:
+    if status is None or not counted_under(status, policy_key):
         return (PARTIAL if journal_exists else FRESH), {}
-    same_plan = status.get("plan", DEFAULT_PLAN_KEY) == (plan_key or DEFAULT_PLAN_KEY)
-    exhausted = exhausted_under(status, params_sha) and not prompts_changed and same_plan
-    state = budget_state(status["tokens"], budget, exhausted)
+    if status.get("refused"):
+        return REFUSED, status
+    state = budget_state(status["tokens"], budget, bool(status.get("exhausted")) and not prompts_changed)
     if state == PARTIAL and not status["tokens"] and not journal_exists:
         state = FRESH
     return state, status
@@ -88,40 +87,53 @@ def prompts_changed_since(prompts, path):
     return os.path.getmtime(prompts) > os.path.getmtime(path)
 
 
-def dataset_state(files, budget, params_sha, status=None, plan_key=None):
+def dataset_state(files, budget, policy_key, status=None):
     """decide() on the dataset's files; `status` overrides reading files.status (the checkpoint's
     output as Snakemake hands it over)."""
     status = status if status is not None else read_json(files.status)
     changed = status is not None and prompts_changed_since(files.prompts, files.status)
-    return decide(read_json(files.done) if os.path.exists(files.done) else None, status, budget, params_sha,
-                  changed, os.path.exists(files.journal), plan_key)
+    return decide(read_json(files.done) if os.path.exists(files.done) else None, status, budget, policy_key,
+                  changed, os.path.exists(files.journal))
 
 
-def finalize_from_journal(files, budget, params_sha, status, plan_key=None):
+def finalize_from_journal(files, budget, policy_key, status):
     """Whether finalize reads the journal directly (met or exhausted per the checkpoint: no inference
     job), rather than waiting for the inference job's done marker."""
     if os.path.exists(files.done) or not os.path.exists(files.journal):
         return False
-    state, _ = dataset_state(files, budget, params_sha, status, plan_key)
+    state, _ = dataset_state(files, budget, policy_key, status)
     return state in (MET, EXHAUSTED)
 
 
-def status_row(name, files, budget, params_sha, scan_journal, plan_key=None):
+def status_row(name, files, budget, policy, scan_journal):
     """One row of the status table: (name, tokens, budget, left, responses, state, read_now); responses
-    are journal records, one per generation (per turn with turns: all). When no job has finished
-    since the journal last grew (no done marker, the status older than the journal), the journal is
-    counted now with `scan_journal(path) -> (tokens, records)`."""
-    state, info = dataset_state(files, budget, params_sha, plan_key=plan_key)
+    are journal records of the identities that count (`policy`: identity.Policy), one per generation
+    (per turn with turns: all). When no job has finished since the journal last grew, or the counts
+    were made under other settings, the journal is counted now with `scan_journal(path, policy) ->
+    JournalState`; a settings change the job would refuse shows as `refused (what changed)`."""
+    key = policy.key()
+    state, info = dataset_state(files, budget, key)
     read_now = False
-    if not os.path.exists(files.done) and os.path.exists(files.journal):
-        if os.path.getsize(files.journal) != info.get("journal_bytes"):
-            tokens, records = scan_journal(files.journal)
-            info = {**info, "tokens": tokens, "responses": records}
+    done = read_json(files.done) if os.path.exists(files.done) else None
+    if (done is None or not counted_under(done, key)) and os.path.exists(files.journal):
+        if not info or os.path.getsize(files.journal) != info.get("journal_bytes"):
+            found = scan_journal(files.journal, policy)
+            info = {**info, "tokens": found.tokens, "responses": found.records}
             read_now = True
-            if state in (FRESH, PARTIAL, MET) and tokens >= budget:
+            changed = policy.changes(found.by_identity)
+            if changed:
+                state = refused_state(changed)
+            elif state in (FRESH, PARTIAL, MET) and found.tokens >= budget:
                 state = "met (journal; not finalized)"
+    if state == REFUSED:
+        state = refused_state(info.get("settings_changed") or [])
     tokens = int(info.get("tokens", 0))
     return name, tokens, budget, max(0, budget - tokens), int(info.get("responses", 0)), state, read_now
+
+
+def refused_state(changed):
+    """The status table's state of a refused settings change: what changed, and where to decide."""
+    return f"{REFUSED}: settings changed ({'; '.join(changed)}); see generation.on_settings_change"
 
 
 def format_status_table(rows):

@@ -19,8 +19,9 @@ def percentile(sorted_values, q):
     return sorted_values[i]
 
 
-def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None, plan=None):
-    """One row; `plan`: the dataset's generation plan (default: turns last, one sample)."""
+def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None, plan=None, accepts=None):
+    """One row; `plan`: the dataset's generation plan (default: turns last, one sample); `accepts(sha)`:
+    whether errors of a generation identity count (identity.Policy.accepts; every one by default)."""
     lengths, cut, answered, per_turn = [], 0, set(), {}
     for _, rec in journal.iter_records(raw_path):
         n = int((rec.get("usage") or {}).get("completion_tokens") or 0)
@@ -32,7 +33,9 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
     prompt_list = prompts.load_prompts(prompts_path, on_bad_line="skip").prompts
     n_prompts = len(prompt_list)
     chain_list = conversations.chains(prompt_list, plan or conversations.Plan())
-    errored = journal.scan(errors_path).ids
+    samples = (plan or conversations.Plan()).samples
+    errored = set().union(*(ids for sha, ids in journal.errors_by_identity(errors_path, samples).items()
+                            if accepts is None or accepts(sha)))
     # generations that failed permanently and were not answered later (under other settings)
     errors = len(errored - answered)
     left = conversations.left(chain_list, answered, errored)

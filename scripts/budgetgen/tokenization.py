@@ -52,9 +52,10 @@ import re
 import time
 from collections import Counter
 
-from budgetgen.conversations import record_place
+from budgetgen.conversations import record_place, record_prompt_id
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
+from budgetgen.identity import record_settings, record_sha
 from budgetgen.state import looks_local
 
 # Skip reasons (counted, never written).
@@ -102,6 +103,8 @@ def _schema():
             ("finish_reason", pa.string()),
             ("conversation_id", pa.string()),
             ("turn", pa.int32()),
+            ("prompt_id", pa.string()),
+            ("identity", pa.string()),
         ]
     )
 
@@ -326,9 +329,11 @@ def _record_kwargs(record, default):
 class _Encoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
-    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None):
+    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None,
+                 samples=1):
         _check_options(max_length, chat_template_kwargs)
         self.tokenizer = tokenizer
+        self.samples = samples  # generation.samples_per_prompt, for records written before identities
         self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
         self.use_server_ids = use_server_ids
         self.vocab_size = len(tokenizer)
@@ -530,7 +535,7 @@ def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_
 # Files
 
 
-def _parse_record(line, lineno, input_path):
+def _parse_record(line, lineno, input_path, samples=1):
     where = f"{input_path}:{lineno}"
     try:
         record = json.loads(line)
@@ -557,15 +562,8 @@ def _parse_record(line, lineno, input_path):
         ids = record.get(key)
         if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):
             raise UserError(f"{where}: \"{key}\" must be a list of integers")
-    return str(rid), record, finish, _settings_key(record)
-
-
-def _settings_key(record):
-    """The content-affecting settings a response was generated with (its params and the model
-    that served it): journals that mix several would silently mix two data distributions."""
-    params = record.get("params") or {}
-    return json.dumps({"params": params, "served_model": record.get("served_model") or params.get("model")},
-                      sort_keys=True)
+    # the generation identity it was made under (budgetgen.identity): mixing several mixes data distributions
+    return str(rid), record, finish, record_sha(record, samples)
 
 
 def _encode_chunk(encoder, chunk, input_path):
@@ -573,12 +571,15 @@ def _encode_chunk(encoder, chunk, input_path):
     import numpy as np
     import pyarrow as pa
 
-    records = [_parse_record(line, lineno, input_path) for lineno, line in chunk]
+    records = [_parse_record(line, lineno, input_path, encoder.samples) for lineno, line in chunk]
     results, error = encoder.encode([r[1] for r in records])
     skipped, first_skipped = Counter(), {}
-    kept_ids, kept_finish, kept_conv, kept_turn, rows = [], [], [], [], []
+    kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt, kept_identity, rows = [], [], [], [], [], [], []
+    identities = {}  # sha -> readable settings, of the records of this chunk
     server_rows = 0
-    for (rid, rec, finish, _), res in zip(records, results):
+    for (rid, rec, finish, sha), res in zip(records, results):
+        if sha not in identities:
+            identities[sha] = record_settings(rec, encoder.samples)
         if isinstance(res, str):
             skipped[res] += 1
             first_skipped.setdefault(res, rid)
@@ -589,9 +590,12 @@ def _encode_chunk(encoder, chunk, input_path):
             conv, turn = record_place(rid, rec)
             kept_conv.append(conv)
             kept_turn.append(turn)
+            kept_prompt.append(record_prompt_id(rid, rec))
+            kept_identity.append(sha)
             rows.append(res)
     stats = {"records": len(records), "skipped": dict(skipped), "first_skipped": first_skipped, "error": error,
-             "settings": dict(Counter(r[3] for r in records)), "server_id_rows": server_rows}
+             "settings": dict(Counter(r[3] for r in records)), "identities": identities,
+             "server_id_rows": server_rows}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
@@ -622,6 +626,8 @@ def _encode_chunk(encoder, chunk, input_path):
             pa.array(kept_finish, type=pa.string()),
             pa.array(kept_conv, type=pa.string()),
             pa.array(kept_turn, type=pa.int32()),
+            pa.array(kept_prompt, type=pa.string()),
+            pa.array(kept_identity, type=pa.string()),
         ],
         schema=schema,
     )
@@ -662,7 +668,7 @@ def _cpu_count():
 
 
 def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids,
-                 trust_remote_code=False, reasoning_tags=None):
+                 trust_remote_code=False, reasoning_tags=None, samples=1):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
     # thread pool starts); with one core each, the processes are the only parallelism.
@@ -672,7 +678,8 @@ def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, t
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
-    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags), input_path)
+    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags, samples),
+               input_path)
 
 
 def _worker_encode(chunk):
@@ -692,7 +699,7 @@ def format_summary(rows, skipped):
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
                   chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
                   use_server_token_ids=True, config_sha256=None, trust_remote_code=False, max_skipped_pct=1.0,
-                  reasoning_tags=None):
+                  reasoning_tags=None, samples=1):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens", "server_id_rows"}.
@@ -716,7 +723,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
     records = 0
     started = last_progress = time.monotonic()
     first_error = None
-    settings = Counter()
+    settings = Counter()  # identity sha -> records
+    identities = {}  # identity sha -> readable settings
     schema = _schema()
 
     with atomic_path(output_path) as tmp:
@@ -725,7 +733,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
             with pa.OSFile(spool, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
                 if processes == 1:
                     encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_token_ids,
-                                       reasoning_tags)
+                                       reasoning_tags, samples)
                     results = (_encode_chunk(encoder, chunk, input_path)
                                for chunk in _chunks(input_path, batch_size))
                     pool = None
@@ -736,7 +744,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                         processes, initializer=_worker_init,
                         initargs=(tokenizer_path, max_length, chat_template_kwargs, input_path,
                                   _cpu_count() // processes, use_server_token_ids, trust_remote_code,
-                                  reasoning_tags))
+                                  reasoning_tags, samples))
                     results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
                 try:
                     for batch, stats in results:
@@ -744,6 +752,8 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                             writer.write_batch(batch)
                         records += stats["records"]
                         settings.update(stats["settings"])
+                        for sha, readable in stats["identities"].items():
+                            identities.setdefault(sha, readable)
                         skipped.update(stats["skipped"])
                         for reason, rid in stats["first_skipped"].items():
                             first_skipped.setdefault(reason, rid)
@@ -770,12 +780,16 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                                 f"most: {reason} ({count}, first id {first_skipped[reason]!r})"
                                 + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
             if len(settings) > 1 and not allow_mixed_settings:
-                kinds = "; ".join(f"{n} x {k}" for k, n in settings.most_common())
+                kinds = "; ".join(f"{n} x {json.dumps(identities.get(k), sort_keys=True)}"
+                                  for k, n in settings.most_common())
                 raise UserError(f"{input_path}: responses were generated with {len(settings)} different "
                                 f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
-                                "(--allow-mixed-settings) to tokenize them together")
+                                "(or generation.on_settings_change: extend) to tokenize them together")
             metadata = {
-                "generation_settings": [{"records": n, **json.loads(k)} for k, n in settings.most_common()],
+                # the provenance: the generation identities its rows were made under (budgetgen.identity;
+                # each row's `identity` column names its own), never the config's if they differ
+                "generation_settings": [{"identity": k, "records": n, "settings": identities.get(k)}
+                                        for k, n in settings.most_common()],
                 "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
                 "packages": package_versions(),
                 "tokenizer_path": tokenizer_path,

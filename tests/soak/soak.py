@@ -4,24 +4,32 @@
     .venv/bin/python tests/soak/soak.py --trials 50            # on demand; prints "trials passed/run"
 
 One deterministic mock server (responses seeded by the messages) serves every run; it answers a
-share of the prompts (--fail-400, 5 %, chosen by a hash of the messages and the fault seed, so the
-same prompts on every run: 4 of the 56) with HTTP 400 and a 64 KB error message, so every run also
-appends permanent errors to results/D/errors.jsonl. First an uninterrupted reference run of the workflow on three datasets (each *exhausted*: the budget is larger
-than all its prompts, so the set of ids generated does not depend on timing) gives the final outputs
-and the span of one run. Each trial then starts the same workflow in a fresh working directory,
+share of the requests (--fail-400, 5 %, chosen by a hash of the messages and the fault seed, so the
+same requests on every run) with HTTP 400 and a 64 KB error message, so every run also appends
+permanent errors to results/D/errors.jsonl. Four datasets: three of single prompts and M, multi-turn
+conversations generated on-policy (`turns: all`, 2 samples per prompt; a 400 on a later turn ends its
+conversation). Each is *exhausted* (the budget is larger than all its generations, so the set of ids
+generated does not depend on timing).
+
+A settings change between runs (--settings-change, the default): stage 1 runs the workflow to the end
+under the first settings; stage 2 changes a setting of the generation identity (temperature 0.5) with
+`on_settings_change: regenerate`, so every generation is made again under the new identity beside the
+old records in the same journal. The uninterrupted reference run of stage 2 (on a copy of stage 1's
+finished folder) gives the final outputs and the span of one run. Each trial then starts stage 2 on a
+fresh copy of stage 1's folder (with --no-settings-change: the single stage in a fresh folder),
 kills the process group (snakemake and every job it runs) after a delay drawn uniformly from that
 span (so kills fall in inference, finalize, tokenize or snakemake's own bookkeeping in proportion to
 the time each takes), reruns with `--unlock` first (kill -9 leaves Snakemake's lock behind), kills
 again with probability --again (at most --max-kills per trial) or lets it finish.
 
 Checked after every kill: no process of the group survives; every whole journal line present before
-the kill is still there, in order (prefix preserved); no id twice in any journal; errors.jsonl
-likewise: its whole lines from before the kill kept in order, every whole line parses, no id errored
-twice, no id both journaled and errored (a torn tail, a record the kill cut, is counted; the rerun
+the kill is still there, in order (prefix preserved); no id twice under one identity in any journal;
+errors.jsonl likewise: its whole lines from before the kill kept in order, every whole line parses, no
+id errored twice under one identity, no id both journaled and errored under one identity (a torn tail, a record the kill cut, is counted; the rerun
 must cut it, never glue a record onto it); a raw_responses.jsonl or tokenized.arrow that exists is
 whole (parses / opens with datasets.Dataset.from_file) with no id twice. Checked at the end: the
-journals and errors.jsonl hold exactly the reference ids, and raw_responses.jsonl and
-tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
+journals and errors.jsonl hold exactly the reference ids under the final identity, and
+raw_responses.jsonl and tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
 the Arrow provenance metadata compared too).
 
 Appends one JSON result line to --results (default tests/soak/results.jsonl). tests/workflow/test_soak.py
@@ -50,7 +58,9 @@ from budgetgen_testkit import mock_server  # noqa: E402
 from support import CORPUS  # noqa: E402
 from support.workflow import Workflow, base_config, write_prompts  # noqa: E402
 
-DATASETS = {"A": 24, "B": 16, "C": 16}
+DATASETS = {"A": 24, "B": 16, "C": 16, "M": 6}  # prompts per dataset
+MULTI_TURN = {"M": {"turns": "all", "samples_per_prompt": 2}}  # M: 3-turn conversations, every turn on-policy
+CHANGE = {"temperature": 0.5, "on_settings_change": "regenerate"}  # stage 2's settings change
 FAIL_400 = 0.05  # share of prompts answered HTTP 400 (permanent errors); fault seed 7: 1, 2 and 1 of them
 FAULT_SEED = 7
 ERROR_BYTES = 65536  # the 400's error message
@@ -118,17 +128,40 @@ def load_jsonl(path):
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
-def error_ids(wf):
-    """Per dataset: the sorted ids of errors.jsonl (every line must parse)."""
+def error_ids(wf, identities=None):
+    """Per dataset: the sorted ids of errors.jsonl (every line must parse), of the dataset's identity in
+    `identities` when given."""
     out = {}
     for ds in DATASETS:
         p = wf.path("results", ds, "errors.jsonl")
-        out[ds] = sorted(r["id"] for r in load_jsonl(p)) if p.exists() else []
+        recs = load_jsonl(p) if p.exists() else []
+        out[ds] = sorted(r["id"] for r in recs if identities is None or r.get("identity") == identities[ds])
     return out
 
 
 def duplicates(ids):
     return sorted(i for i, n in Counter(ids).items() if n > 1)
+
+
+def keyed(lines):
+    """(identity, id) of each whole line: one id may be journaled once per identity (a regenerate run)."""
+    out = []
+    for line in lines:
+        rec = json.loads(line)
+        out.append((rec.get("identity"), rec["id"]))
+    return out
+
+
+def write_conversations(path, n, prefix):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for i in range(n):
+            conv = []
+            for t in range(1, 4):
+                conv.append({"role": "user", "content": f"{prefix}{i} question {t}: explain topic {i * 7 % 13 + t}"})
+                if t < 3:
+                    conv.append({"role": "assistant", "content": f"the dataset's answer {t}"})
+            f.write(json.dumps({"id": f"{prefix}{i}", "messages": conv}) + "\n")
 
 
 def normal(rec):
@@ -168,7 +201,7 @@ def check_after_kill(wf, before, now):
         if new[: len(old)] != old:
             bad.append(f"{ds}: journal prefix not preserved ({len(old)} whole lines before, {len(new)} now)")
         try:
-            ids = [json.loads(line)["id"] for line in new]
+            ids = keyed(new)
         except ValueError as exc:
             bad.append(f"{ds}: a whole journal line does not parse: {exc}")
             continue
@@ -181,7 +214,7 @@ def check_after_kill(wf, before, now):
                 rids = [r["id"] for r in load_jsonl(raw)]
                 if duplicates(rids):
                     bad.append(f"{ds}: ids twice in raw_responses.jsonl: {duplicates(rids)[:5]}")
-                if not set(rids) <= set(ids):
+                if not set(rids) <= {i for _, i in ids}:
                     bad.append(f"{ds}: raw_responses.jsonl holds ids the journal lacks")
             except ValueError as exc:
                 bad.append(f"{ds}: raw_responses.jsonl not whole: {exc}")
@@ -202,7 +235,7 @@ def check_errors(before, now, journaled):
     if new[: len(old)] != old:
         bad.append(f"errors.jsonl prefix not preserved ({len(old)} whole lines before, {len(new)} now)")
     try:
-        ids = [json.loads(line)["id"] for line in new]
+        ids = keyed(new)
     except ValueError as exc:  # e.g. a record glued onto a torn one
         return bad + [f"a whole errors.jsonl line does not parse: {exc}"]
     if duplicates(ids):
@@ -240,8 +273,9 @@ def compare_final(got, ref):
 class Soak:
     """A tokenizer, one deterministic mock server and the reference run; trials in subfolders of root."""
 
-    def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print):
+    def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print, settings_change=True):
         self.root = Path(root)
+        self.settings_change = settings_change
         self.root.mkdir(parents=True, exist_ok=True)
         self.cores = cores
         self.concurrency = concurrency
@@ -259,20 +293,38 @@ class Soak:
         self.server, self.base_url = mock_server.spawn(self.server_args, self.root / "server")
         self.ref = None
         self.ref_s = None
-        self.ref_errors = None  # {dataset: sorted ids in errors.jsonl} of the reference run
+        self.ref_errors = None  # {dataset: sorted ids in errors.jsonl} of the reference run (its identity)
+        self.identities = None  # {dataset: the identity sha of the reference run's records}
+        self.stage1 = None  # stage 1's finished folder, copied by each trial (settings_change)
 
     def close(self):
         mock_server.stop(self.server)
 
-    def workflow(self, name):
+    def config(self, stage):
+        datasets = {ds: {"prompts": f"prompts/{ds}.jsonl", **MULTI_TURN.get(ds, {})} for ds in DATASETS}
+        cfg = base_config(self.base_url, self.tokenizer, datasets, token_budget=10**6, concurrency=self.concurrency)
+        if stage == 2:
+            cfg["generation"].update(CHANGE)
+        return cfg
+
+    def workflow(self, name, stage=None):
+        """A working folder for one run of the trials' stage: a fresh one, or (settings change) a copy of
+        stage 1's finished folder with stage 2's config; stage=1 makes that first folder."""
         d = self.root / name
         if d.exists():
             shutil.rmtree(d)
-        for ds, n in DATASETS.items():
-            write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
-        cfg = base_config(self.base_url, self.tokenizer, {ds: {"prompts": f"prompts/{ds}.jsonl"} for ds in DATASETS},
-                          token_budget=10**6, concurrency=self.concurrency)
-        return Workflow(d, cfg)
+        stage = stage or (2 if self.settings_change else 1)
+        if stage == 2:
+            shutil.copytree(self.stage1, d, symlinks=True)
+            for f in d.glob("snakemake.*.out"):
+                f.unlink()
+        else:
+            for ds, n in DATASETS.items():
+                if ds in MULTI_TURN:
+                    write_conversations(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+                else:
+                    write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+        return Workflow(d, self.config(stage))
 
     def start(self, wf, n):
         log = open(wf.path(f"snakemake.{n}.out"), "w")
@@ -283,7 +335,14 @@ class Soak:
             log.close()
 
     def reference(self):
-        """The uninterrupted run: its outputs and its duration (the span kill delays are drawn from)."""
+        """The uninterrupted run: its outputs and its duration (the span kill delays are drawn from);
+        with a settings change, after stage 1 run to the end in its own folder."""
+        if self.settings_change:
+            first = self.workflow("stage1", stage=1)
+            proc = self.start(first, 1)
+            if proc.wait(timeout=600) != 0:
+                raise RuntimeError(f"stage 1 failed:\n{first.path('snakemake.1.out').read_text()[-4000:]}")
+            self.stage1 = first.dir
         wf = self.workflow("reference")
         t0 = time.monotonic()
         proc = self.start(wf, 1)
@@ -292,15 +351,25 @@ class Soak:
         if rc != 0:
             raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
         self.ref = final_outputs(wf)
-        self.ref_errors = error_ids(wf)
+        self.identities = {}
+        for ds in DATASETS:
+            found = {r.get("identity") for r in self.ref[ds]["raw"].values()}
+            if len(found) != 1:
+                raise RuntimeError(f"reference run: {ds} rows of {len(found)} identities, not one")
+            self.identities[ds] = found.pop()
+        self.ref_errors = error_ids(wf, self.identities)
         for ds, n in DATASETS.items():
-            errs = self.ref_errors[ds]
-            if not errs or len(self.ref[ds]["raw"]) + len(errs) != n or set(errs) & set(self.ref[ds]["raw"]):
-                raise RuntimeError(f"reference run: {ds} has {len(self.ref[ds]['raw'])} responses and "
+            errs, raw = self.ref_errors[ds], self.ref[ds]["raw"]
+            if ds in MULTI_TURN:  # turns and samples: at least one response per conversation's first turn
+                if not raw or set(errs) & set(raw):
+                    raise RuntimeError(f"reference run: {ds} has {len(raw)} responses and {len(errs)} errors")
+            elif not errs or len(raw) + len(errs) != n or set(errs) & set(raw):
+                raise RuntimeError(f"reference run: {ds} has {len(raw)} responses and "
                                    f"{len(errs)} errors, not {n} prompts with at least one error")
         n_err = sum(map(len, self.ref_errors.values()))
-        self.log(f"reference run: {self.ref_s:.1f} s, {sum(DATASETS.values()) - n_err} responses and {n_err} "
-                 f"errors (HTTP 400) in {len(DATASETS)} datasets")
+        n_raw = sum(len(self.ref[ds]["raw"]) for ds in DATASETS)
+        self.log(f"reference run: {self.ref_s:.1f} s, {n_raw} responses and {n_err} errors (HTTP 400) in "
+                 f"{len(DATASETS)} datasets" + (" after a settings change (stage 2)" if self.settings_change else ""))
         return self.ref
 
     def trial(self, seed, max_kills=3, again=0.5, stratum=None, run_timeout=600):
@@ -368,9 +437,9 @@ class Soak:
                 failures.append(f"final outputs unreadable: {type(exc).__name__}: {exc}")
                 break
             failures += [f"final: {f}" for f in compare_final(got, self.ref)]
-            errors = error_ids(wf)
+            errors = error_ids(wf, self.identities)
             for ds in DATASETS:
-                ids = [json.loads(line)["id"] for line in now[ds]["lines"]]
+                ids = [i for sha, i in keyed(now[ds]["lines"]) if sha == self.identities[ds]]
                 if set(ids) != set(self.ref[ds]["raw"]):
                     failures.append(f"final: {ds}: journal ids differ from the reference")
                 if errors[ds] != self.ref_errors[ds] or now[ds]["error_torn"]:
@@ -395,9 +464,11 @@ def main(argv=None):
     ap.add_argument("--workdir", default="/tmp/budgetgen-soak", help="trial folders (failed ones are kept)")
     ap.add_argument("--keep", action="store_true", help="keep passed trials' folders too")
     ap.add_argument("--results", default=str(HERE / "results.jsonl"), help="append the result line here")
+    ap.add_argument("--no-settings-change", dest="settings_change", action="store_false",
+                    help="one stage in a fresh folder, no settings change between runs")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s)
+    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s, settings_change=a.settings_change)
     results = []
     try:
         soak.reference()
@@ -425,7 +496,8 @@ def main(argv=None):
             "error_records": sum(r["error_records"] for r in results),
             "error_records_at_kills": sum(x["error_lines"] for r in results for x in r["kills"]),
             "torn_error_tails_seen": sum(x["error_torn_bytes"] > 0 for r in results for x in r["kills"]),
-            "fail_400": FAIL_400,
+            "fail_400": FAIL_400, "datasets": DATASETS, "multi_turn": MULTI_TURN,
+            "settings_change": CHANGE if a.settings_change else None,
             "temp_files_left": sum(len(r["temp_files_left"]) for r in results),
             "reference_run_s": round(soak.ref_s or 0, 1), "tokens_per_s": a.tokens_per_s, "seed": a.seed,
             "max_kills": a.max_kills, "failed_seeds": [r["seed"] for r in results if not r["passed"]],

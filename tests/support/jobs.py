@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
 GENERATION_KEYS = {"token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed", "extra_body", "turns",
-                   "history_reasoning", "samples_per_prompt",
+                   "history_reasoning", "samples_per_prompt", "on_settings_change",
                    "on_bad_line"}
 
 

@@ -4,6 +4,7 @@ conversation's turns (client.EndpointPool); the state and status under a changed
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -39,10 +40,14 @@ def test_ids_of_turns_and_samples():
     assert last.ids() == ["c"] and last.turn_index(1) == 2  # the prompt's own second turn
     assert last.request(1) == [U("u1"), A("x"), U("u2")]  # the dataset's history, as today
     (every,) = conversations.chains([p], Plan(turns="all"))
-    assert every.ids() == ["c/t1", "c/t2"] and every.where(2) == {"conversation_id": "c", "turn": 2}
+    assert every.ids() == ["c/t1", "c/t2"] and every.where(2) == {"conversation_id": "c", "prompt_id": "c", "turn": 2}
     sampled = conversations.chains([p], Plan(turns="all", samples=3))
     assert [c.id for c in sampled] == ["c/s1", "c/s2", "c/s3"]
     assert sampled[2].ids() == ["c/s3/t1", "c/s3/t2"] and sampled[2].where(1)["sample"] == 3
+    assert sampled[2].where(1)["prompt_id"] == "c"  # the source prompt, shared by its samples and turns
+    rec = {"conversation_id": "c/s3", "sample": 3, "turn": 1, "messages": []}  # written before prompt_id
+    assert conversations.record_prompt_id("c/s3/t1", rec) == "c"
+    assert conversations.record_prompt_id("c/t1", {"conversation_id": "c", "turn": 1, "messages": []}) == "c"
     only_samples = conversations.chains([p], Plan(samples=2))
     assert [c.ids() for c in only_samples] == [["c/s1"], ["c/s2"]]
     # every id of a prompt set is distinct, whatever its ids look like
@@ -63,8 +68,6 @@ def test_history_is_the_targets_own_answers_under_the_reasoning_policy(policy):
     assert sent == [S("s"), U("u1"), answer, U("u2"), U("u2b")]
     with pytest.raises(ValueError):
         c.request(2)
-    assert Plan(turns="all", history_reasoning=policy).params_extra() == {"turns": "all", "history_reasoning": policy}
-    assert Plan(history_reasoning=policy).params_extra() == {}  # turns: last: params as before
 
 
 def test_left_counts_turns_and_errors_end_a_conversation():
@@ -120,15 +123,40 @@ def test_pool_waits_for_room_on_a_conversations_endpoint():
 
 
 def test_a_status_counted_under_another_plan_never_says_exhausted(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "messages": [U("1"), A("x"), U("2")]}) + "\n")
-    journal = tmp_path / "journal.jsonl"
-    journal.write_text(json.dumps({"id": "a", "messages": [U("1"), A("x"), U("2"), A("y")],
-                                   "usage": {"completion_tokens": 5}}) + "\n")
-    st = compute_status("d", journal, tmp_path / "errors.jsonl", prompts)
-    assert st["remaining_prompts"] == 0 and st["plan"] == conversations.DEFAULT_PLAN_KEY
-    assert state.decide(None, st, 100, "sha", False, True)[0] == state.EXHAUSTED
-    # turns: all counts two turns, neither journaled under its ids: not exhausted, whatever the old status says
-    assert state.decide(None, st, 100, "sha", False, True, Plan(turns="all").key())[0] == state.PARTIAL
-    st_all = compute_status("d", journal, tmp_path / "errors.jsonl", prompts, plan=Plan(turns="all", samples=2))
-    assert st_all["remaining_prompts"] == 4 and st_all["conversations"] == 4 // 2
+    """The plan is part of the generation identity: a status counted under turns: last says nothing under
+    turns: all (whose two turns are journaled under neither id), and its counts are the new plan's."""
+    import yaml
+
+    from budgetgen.settings import InferenceSettings, load_config
+
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "a", "messages": [U("1"), A("x"), U("2")]}) + "\n")
+    (tmp_path / "results" / "d").mkdir(parents=True)
+    (tmp_path / "results" / "d" / "journal.jsonl").write_text(json.dumps(
+        {"id": "a", "messages": [U("1"), A("x"), U("2"), A("y")], "params": {"model": "m", "max_tokens": 64},
+         "usage": {"completion_tokens": 5}}) + "\n")  # a record written before identities
+
+    def settings(**generation):
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump({
+            "server": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tokenizer": {"path": "tok"},
+            "generation": {"token_budget": 100, "max_tokens": 64, **generation},
+            "datasets": {"d": {"prompts": str(tmp_path / "prompts.jsonl")}}}))
+        return InferenceSettings.from_config(load_config(path), "d")
+
+    os_cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        last = settings()
+        st = compute_status(last)
+        assert st["remaining_prompts"] == 0 and st["tokens"] == 5  # the old record is this identity's
+        assert st["identity"] == last.identity.sha and not st["refused"]
+        assert state.decide(None, st, 100, last.policy.key(), False, True)[0] == state.EXHAUSTED
+        every = settings(turns="all", samples_per_prompt=2)
+        assert state.decide(None, st, 100, every.policy.key(), False, True)[0] == state.PARTIAL
+        st_all = compute_status(every)
+        assert st_all["remaining_prompts"] == 4 and st_all["conversations"] == 4 // 2 and st_all["tokens"] == 0
+        assert st_all["settings_changed"] == ['history_reasoning unset -> "drop"', "samples_per_prompt 1 -> 2",
+                                              'turns "last" -> "all"']
+        assert st_all["refused"].startswith("dataset d: its journal holds 1 records made under other generation")
+    finally:
+        os.chdir(os_cwd)

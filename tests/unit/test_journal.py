@@ -33,7 +33,7 @@ def test_fast_parse_agrees_with_full_parse_even_with_tricky_content(tmp_path):
     line = journal.encode_record(rec('we"ird\\id', tokens=7, content=tricky))
     fast = journal.parse_line_fast(line)
     full = journal.parse_line(line, "x:1")
-    assert fast == (full[0], full[1]) == ('rwe"ird\\id', 7)
+    assert fast == (full[0], None, full[1]) == ('rwe"ird\\id', None, 7)  # no identity: written before them
 
 
 def test_scan_counts_tokens_and_ids(tmp_path):
@@ -163,3 +163,54 @@ def test_opening_a_writer_on_a_whole_file_changes_nothing(tmp_path):
     w = journal.JournalWriter(tmp_path / "new" / "j.jsonl")  # a missing file is created, nothing to repair
     assert w.repaired_bytes == 0
     w.close()
+
+
+# -- generation identities (budgetgen.identity) and the one reader ------------------------------------
+def stamped(i, identity, tokens=10):
+    return {**rec(i, tokens), "identity": identity.sha, "identity_settings": identity.settings}
+
+
+def test_scan_counts_only_the_identities_that_count_and_every_identity_apart(tmp_path):
+    """A regenerate run journals the same ids again under a new identity: each identity is counted apart,
+    the accepted ones alone make the ids, tokens and lengths; the fast path reads the identity from the
+    line's head (identity right after id)."""
+    from budgetgen.identity import Identity, legacy_identity
+
+    old = Identity.of({"model": "m", "temperature": 0.6, "turns": "last", "samples_per_prompt": 1})
+    new = Identity.of({"model": "m", "temperature": 0.7, "turns": "last", "samples_per_prompt": 1})
+    p = tmp_path / "j.jsonl"
+    write(p, [stamped(i, old, 10) for i in range(3)] + [stamped(i, new, 20) for i in range(2)])
+    line = p.read_text().splitlines()[0]
+    assert list(json.loads(line))[:2] == ["id", "identity"] and journal.parse_line_fast(line)[1] == old.sha
+    st = journal.scan(p, accepts=lambda sha: sha == new.sha)
+    assert (st.records, st.tokens, st.ids, st.duplicates) == (2, 40, {"r0", "r1"}, 0)
+    assert {sha: (c.records, c.tokens) for sha, c in st.by_identity.items()} == {old.sha: (3, 30), new.sha: (2, 40)}
+    assert st.by_identity[old.sha].settings == old.settings  # readable, for the refusal line
+    everything = journal.scan(p)  # every identity counts (extend): the first record of an id wins
+    assert (everything.records, everything.tokens, everything.duplicates) == (3, 30, 2)
+    assert [r["id"] for _, r in journal.iter_records(p, accepts=lambda sha: sha == new.sha)] == ["r0", "r1"]
+    assert journal.records_by_id(p, ["r1"], accepts=lambda sha: sha == new.sha)["r1"]["usage"]["completion_tokens"] == 20
+    # a record written before identities is the identity its params imply
+    legacy = {**rec(9), "params": {"model": "m", "max_tokens": 8, "temperature": 1}}
+    q = tmp_path / "legacy.jsonl"
+    write(q, [legacy])
+    (sha,) = journal.scan(q).by_identity
+    assert sha == legacy_identity(legacy).sha == Identity.of(
+        {"model": "m", "max_tokens": 8, "temperature": 1.0, "turns": "last", "samples_per_prompt": 1}).sha
+
+
+def test_one_reader_one_tolerance_policy(tmp_path):
+    """Every reader of an append-only file (scan, iter_records, records_by_id, errors_by_identity) skips
+    a torn tail and refuses a bad whole line as FILE:LINE: reason."""
+    p = tmp_path / "j.jsonl"
+    write(p, [rec(0), rec(1)])
+    with open(p, "ab") as f:
+        f.write(b'{"id": "torn", "mess')
+    assert journal.scan(p).records == 2 and [r["id"] for _, r in journal.iter_records(p)] == ["r0", "r1"]
+    assert journal.errors_by_identity(p) and journal.records_by_id(p, ["torn"]) == {}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(journal.encode_record(rec(0)).encode() + b'{"id": "x", "a": "\xff"}\n')
+    for read in (lambda: journal.scan(bad), lambda: list(journal.iter_records(bad)),
+                 lambda: journal.errors_by_identity(bad), lambda: journal.records_by_id(bad, ["x"])):
+        with pytest.raises(UserError, match=rf"^{bad}:2: corrupt journal record \(not UTF-8"):
+            read()

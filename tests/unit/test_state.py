@@ -1,12 +1,16 @@
-"""budgetgen.state: the one definition of a dataset's state (fresh/partial/met/exhausted), the DAG-time
-decision finalize's input makes, and the status table."""
+"""budgetgen.state: the one definition of a dataset's state (fresh/partial/met/exhausted/refused), the
+DAG-time decision finalize's input makes, and the status table."""
 
 import json
 import os
 import time
 
 from budgetgen import state
-from budgetgen.state import EXHAUSTED, FRESH, MET, PARTIAL, DatasetFiles
+from budgetgen.identity import Identity, Policy
+from budgetgen.journal import IdentityCount, JournalState
+from budgetgen.state import EXHAUSTED, FRESH, MET, PARTIAL, REFUSED, DatasetFiles
+
+KEY = {"identity": "p", "on_settings_change": "refuse"}  # the policy key counts were made under
 
 
 def files(tmp_path):
@@ -21,9 +25,10 @@ def write(path, obj, mtime=None):
         os.utime(path, (mtime, mtime))
 
 
-def status(tokens, remaining, errored=None, journal_bytes=0):
-    return {"tokens": tokens, "responses": tokens // 10, "remaining_prompts": remaining,
-            "errored_by_params": errored or {}, "journal_bytes": journal_bytes}
+def status(tokens, remaining, errored=0, journal_bytes=0, key=KEY, refused=None):
+    return {"tokens": tokens, "responses": tokens // 10, "remaining_prompts": remaining, "errored": errored,
+            "exhausted": remaining - errored <= 0, "journal_bytes": journal_bytes, "refused": refused,
+            "settings_changed": ["temperature 0.6 -> 0.7"] if refused else None, **key}
 
 
 def test_budget_state():
@@ -31,52 +36,64 @@ def test_budget_state():
     assert state.budget_state(99, 100, True) == EXHAUSTED and state.budget_state(99, 100, False) == PARTIAL
 
 
-def test_exhausted_only_under_the_parameters_of_its_errors():
-    s = status(5, 4, {"p1": 4, "p2": 1})
-    assert state.exhausted_under(s, "p1") and not state.exhausted_under(s, "p2")
-    assert state.exhausted_under(status(5, 0), "any")
-    assert state.exhausted_under({"remaining_prompts": 3, "exhausted": True}, "p")  # an older status file
+def test_counts_made_under_other_settings_say_nothing():
+    """A status or done marker is trusted only under the identity and on_settings_change it was counted
+    under: one written before identities (no key), or under other settings, leaves the job to decide."""
+    other = {"identity": "q", "on_settings_change": "refuse"}
+    assert state.decide({"tokens": 500, "state": "met", **other}, None, 400, KEY, False, True)[0] == PARTIAL
+    assert state.decide({"tokens": 500, "state": "met"}, None, 400, KEY, False, True)[0] == PARTIAL
+    assert state.decide(None, status(950, 10, key=other), 900, KEY, False, True)[0] == PARTIAL
+    assert state.decide(None, status(50, 0, key={**KEY, "on_settings_change": "extend"}), 900, KEY, False,
+                        True)[0] == PARTIAL
+    assert state.decide(None, status(50, 0, key=other), 900, KEY, False, False)[0] == FRESH
 
 
 def test_decide_against_the_budget_now():
     # the done marker wins: a raised budget turns "met" into partial
-    assert state.decide({"tokens": 500, "state": "met"}, None, 400, "p", False, True)[0] == MET
-    assert state.decide({"tokens": 500, "state": "met"}, None, 900, "p", False, True)[0] == PARTIAL
-    assert state.decide({"tokens": 500, "state": "exhausted"}, None, 900, "p", False, True)[0] == EXHAUSTED
-    assert state.decide(None, None, 900, "p", False, False)[0] == FRESH
-    assert state.decide(None, None, 900, "p", False, True)[0] == PARTIAL
-    assert state.decide(None, status(0, 10), 900, "p", False, False)[0] == FRESH
-    assert state.decide(None, status(950, 10), 900, "p", False, True)[0] == MET
-    assert state.decide(None, status(50, 0), 900, "p", False, True)[0] == EXHAUSTED
-    assert state.decide(None, status(50, 0), 900, "p", True, True)[0] == PARTIAL  # prompts added since
-    assert state.decide(None, status(50, 2, {"p": 2}), 900, "p", False, True)[0] == EXHAUSTED
-    assert state.decide(None, status(50, 2, {"old": 2}), 900, "p", False, True)[0] == PARTIAL
+    assert state.decide({"tokens": 500, "state": "met", **KEY}, None, 400, KEY, False, True)[0] == MET
+    assert state.decide({"tokens": 500, "state": "met", **KEY}, None, 900, KEY, False, True)[0] == PARTIAL
+    assert state.decide({"tokens": 500, "state": "exhausted", **KEY}, None, 900, KEY, False, True)[0] == EXHAUSTED
+    assert state.decide(None, None, 900, KEY, False, False)[0] == FRESH
+    assert state.decide(None, None, 900, KEY, False, True)[0] == PARTIAL
+    assert state.decide(None, status(0, 10), 900, KEY, False, False)[0] == FRESH
+    assert state.decide(None, status(950, 10), 900, KEY, False, True)[0] == MET
+    assert state.decide(None, status(50, 0), 900, KEY, False, True)[0] == EXHAUSTED
+    assert state.decide(None, status(50, 0), 900, KEY, True, True)[0] == PARTIAL  # prompts added since
+    assert state.decide(None, status(50, 2, errored=2), 900, KEY, False, True)[0] == EXHAUSTED
+    assert state.decide(None, status(50, 2, errored=1), 900, KEY, False, True)[0] == PARTIAL
+    assert state.decide(None, status(950, 0, refused="dataset D: ..."), 900, KEY, False, True)[0] == REFUSED
 
 
 def test_finalize_reads_the_journal_only_when_the_checkpoint_says_met_or_exhausted(tmp_path):
     f = files(tmp_path)
-    assert not state.finalize_from_journal(f, 100, "p", status(0, 5))  # no journal: inference first
+    assert not state.finalize_from_journal(f, 100, KEY, status(0, 5))  # no journal: inference first
     write(f.journal, "")
     write(f.prompts, "", mtime=time.time() - 100)
     write(f.status, status(150, 5))
-    assert state.finalize_from_journal(f, 100, "p", status(150, 5))
-    assert not state.finalize_from_journal(f, 200, "p", status(150, 5))  # budget raised
-    assert state.finalize_from_journal(f, 200, "p", status(150, 0))  # no prompt left
+    assert state.finalize_from_journal(f, 100, KEY, status(150, 5))
+    assert not state.finalize_from_journal(f, 200, KEY, status(150, 5))  # budget raised
+    assert state.finalize_from_journal(f, 200, KEY, status(150, 0))  # no prompt left
     write(f.prompts, "", mtime=time.time() + 100)
-    assert not state.finalize_from_journal(f, 200, "p", status(150, 0))  # ... until prompts are added
-    write(f.done, {"tokens": 150, "state": "met"})
-    assert not state.finalize_from_journal(f, 100, "p", status(150, 5))  # a finished job: through its marker
+    assert not state.finalize_from_journal(f, 200, KEY, status(150, 0))  # ... until prompts are added
+    write(f.done, {"tokens": 150, "state": "met", **KEY})
+    assert not state.finalize_from_journal(f, 100, KEY, status(150, 5))  # a finished job: through its marker
+
+
+def counted(tokens, records, by_identity=None):
+    """scan_journal for status_row: a JournalState of that many tokens and records."""
+    return lambda path, policy: JournalState(path=path, tokens=tokens, records=records, by_identity=by_identity or {})
 
 
 def test_status_row_counts_the_journal_when_the_status_is_older(tmp_path):
     f = files(tmp_path)
     write(f.prompts, "")
-    assert state.status_row("D", f, 100, "p", None)[1:] == (0, 100, 100, 0, FRESH, False)
+    pol = Policy(Identity("{}", "p"))
+    assert state.status_row("D", f, 100, pol, None)[1:] == (0, 100, 100, 0, FRESH, False)
     write(f.journal, "x" * 10)
     write(f.status, status(0, 5, journal_bytes=10))
-    assert state.status_row("D", f, 100, "p", None)[1:] == (0, 100, 100, 0, PARTIAL, False)  # up to date
+    assert state.status_row("D", f, 100, pol, None)[1:] == (0, 100, 100, 0, PARTIAL, False)  # up to date
     write(f.journal, "x" * 30)  # a run since (killed): the status says 0, the journal holds 120
-    row = state.status_row("D", f, 100, "p", lambda path: (120, 12))
+    row = state.status_row("D", f, 100, pol, counted(120, 12))
     assert row == ("D", 120, 100, 0, 12, "met (journal; not finalized)", True)
     table = state.format_status_table([row, ("E", 5, 10, 5, 1, PARTIAL, False)])
     assert table.splitlines()[1].split() == ["budgetgen:", "D", "120", "100", "0", "12", "met", "(journal;",
@@ -87,3 +104,20 @@ def test_status_row_counts_the_journal_when_the_status_is_older(tmp_path):
 def test_looks_local():
     assert state.looks_local("/models/x") and state.looks_local("./tok") and state.looks_local("a/b/c")
     assert not state.looks_local("Qwen/Qwen3-8B")
+
+
+def test_status_row_shows_a_settings_change_the_job_would_refuse(tmp_path):
+    """`-n` says why a dataset will not run: its journal was made under other settings (a status written
+    under the old ones is not trusted; the journal is read now under the current identity)."""
+    f = files(tmp_path)
+    write(f.prompts, "")
+    write(f.journal, "x" * 10)
+    write(f.status, status(150, 0, journal_bytes=10, key={"identity": "old", "on_settings_change": "refuse"}))
+    write(f.done, {"tokens": 150, "state": "met", "identity": "old", "on_settings_change": "refuse"})
+    now = Identity.of({"temperature": 0.7, "turns": "last", "samples_per_prompt": 1})
+    old = IdentityCount(records=15, tokens=150, settings={"temperature": 0.6, "turns": "last", "samples_per_prompt": 1})
+    row = state.status_row("D", f, 100, Policy(now), counted(0, 0, {"old": old}))
+    assert row[1] == 0 and row[5] == ("refused: settings changed (temperature 0.6 -> 0.7); "
+                                      "see generation.on_settings_change") and row[6]
+    row = state.status_row("D", f, 100, Policy(now, "regenerate"), counted(0, 0, {"old": old}))
+    assert row[1] == 0 and row[5] == PARTIAL

@@ -403,7 +403,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     ds = datasets.Dataset.from_file(out)
     assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised",
-                               "finish_reason", "conversation_id", "turn"]
+                               "finish_reason", "conversation_id", "turn", "prompt_id", "identity"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
     row, tok = ds[3], toks["chatml"]
@@ -421,8 +421,13 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
     assert table.schema.field("num_tokens").type == pa.int32()
     provenance = {k: meta.pop(k) for k in ("generation_settings", "tokenizer_sha256", "packages")}
-    assert provenance["generation_settings"] == [{"records": 40, "params": {"temperature": 0.6},
-                                                  "served_model": None}]
+    # the identity the rows were made under (records written before identities: their params'), and each
+    # row names its own
+    from budgetgen.identity import Identity
+
+    made = Identity.of({"temperature": 0.6, "turns": "last", "samples_per_prompt": 1})
+    assert provenance["generation_settings"] == [{"identity": made.sha, "records": 40, "settings": made.settings}]
+    assert set(ds["identity"]) == {made.sha} and ds["prompt_id"][:2] == ["p000", "p001"]
     assert set(provenance["packages"]) >= {"transformers", "tokenizers", "budgetgen"}
     assert meta == {
         "tokenizer_path": tok_dirs["chatml"],

@@ -312,10 +312,15 @@ def test_switching_turns_to_all_plans_the_work_it_adds(tmp_path, server, tiny_to
     assert len(wf.records("M")) == 3  # turns: last: one generation per conversation, exhausted
     wf.config["generation"]["turns"] = "all"
     wf.write_config()
-    # the status counted one generation per conversation, all done: under the new plan it is not exhausted
+    # the status counted under turns: last says nothing under turns: all: -n plans inference and says why
+    # it will not run (the journal holds records of other generation settings)
     dry = wf.run("-n", "all")
-    assert planned_inference(dry.output) == {"M"}
+    assert planned_inference(dry.output) == {"M"} and 'refused: settings changed (' in dry.output
     failed = wf.run("--cores", "1", "all", check=False)
-    assert len(wf.records("M")) == 3 + 9  # every turn generated
-    # the journal now mixes two plans' records (their params differ): tokenize refuses, naming them
-    assert failed.returncode != 0 and "allow_mixed_settings" in failed.output
+    assert failed.returncode != 0 and 'turns "last" -> "all"' in failed.output and len(wf.records("M")) == 3
+    wf.config["generation"]["on_settings_change"] = "regenerate"
+    wf.write_config()
+    wf.run("--cores", "1", "all")
+    assert len(wf.records("M")) == 3 + 9  # every turn generated; the old records kept in the journal
+    rows = Dataset.from_file(str(wf.path("results", "M", "tokenized.arrow")))
+    assert sorted(rows["id"]) == sorted(f"c{i}/t{t}" for i in range(3) for t in (1, 2, 3))  # the new ones only

@@ -256,15 +256,16 @@ def test_every_request_failing_the_same_way_fails_the_job_and_records_none(tmp_p
 
 def test_a_permanent_error_holds_only_under_the_settings_that_produced_it(tmp_path, server):
     """Item 2: prompts whose max_tokens does not fit the context fail with 400 (recorded: other
-    prompts succeed); lowering max_tokens makes exactly those prompts eligible again."""
+    prompts succeed); lowering max_tokens (a settings change: refused, then on_settings_change: extend,
+    the explicit way to retry them) makes exactly those prompts eligible again."""
     with open(tmp_path / "prompts.jsonl", "w") as f:
         for i in range(12):
             words = " ".join(["word"] * (40 if i % 3 == 0 else 2))
             f.write(json.dumps({"id": f"p{i}", "prompt": f"{words} {i}"}) + "\n")
     srv = server("--context-limit", "100", "--mean-tokens", "5")
-    def run(max_tokens):
-        p = subprocess.run(job_cmd(tmp_path, srv.base_url, max_tokens=max_tokens), capture_output=True, text=True,
-                           timeout=120)
+    def run(max_tokens, **kw):
+        p = subprocess.run(job_cmd(tmp_path, srv.base_url, max_tokens=max_tokens, **kw), capture_output=True,
+                           text=True, timeout=120)
         return p.stdout + p.stderr, p.returncode
 
     out, rc = run(80)
@@ -277,18 +278,12 @@ def test_a_permanent_error_holds_only_under_the_settings_that_produced_it(tmp_pa
     out, rc = run(80)  # same settings: nothing asked again
     assert rc == 0 and "4 failed permanently earlier" in out
     assert json.loads(__import__("httpx").get(srv.base_url[:-3] + "/stats").text)["requests"] == requests
-    out, rc = run(20)  # lower max_tokens: the four fit now and are asked again
+    out, rc = run(20)  # lower max_tokens: a settings change on a journal, refused before any request
+    assert rc == 2 and "max_tokens 80 -> 20" in out and "on_settings_change" in out, out[-3000:]
+    out, rc = run(20, on_settings_change="extend")  # kept, and the four fit now and are asked again
     assert rc == 0 and "4 failed earlier under other settings (asked again)" in out, out[-3000:]
     journaled = {json.loads(x)["id"] for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}
     assert journaled == {f"p{i}" for i in range(12)}
-
-
-def test_status_exhausted_only_under_the_parameters_of_its_errors():
-    from budgetgen.state import exhausted_under
-
-    status = {"remaining_prompts": 4, "errored_by_params": {"a": 4, "b": 1}}
-    assert exhausted_under(status, "a") and not exhausted_under(status, "b") and not exhausted_under(status, "c")
-    assert exhausted_under({"remaining_prompts": 0, "errored_by_params": {}}, "c")
 
 
 def test_fsync_failure_fails_the_job_in_one_line(tmp_path, server, monkeypatch):

@@ -1,0 +1,184 @@
+"""One identity for how a generation was made, and what a settings change does to a journal.
+
+The identity of a generation is every setting that shapes its content (`settings_of`):
+
+  model                the served model (server.model, what each request names)
+  max_tokens, temperature, top_p, extra_body
+                       every request parameter, extra_body with its chat_template_kwargs
+                       (enable_thinking, reasoning_effort, ...) and any sampling seed in it
+  turns                last | all (budgetgen.conversations)
+  history_reasoning    drop | keep; under turns: all only (with turns: last no history is sent back)
+  samples_per_prompt
+
+Its `sha` is the first 16 hex digits of the SHA-256 of those settings as canonical JSON. Every journal
+and error record stores both, `"identity": SHA` right after its id (so a scan reads it from the line's
+head) and `"identity_settings": {...}` (readable). Settings that change how fast or how robustly data
+is made, or how much of it (budget, concurrency, timeouts, endpoints, progress, the dispatch-order
+seed), never change it.
+
+Records written before identities existed carry none: theirs is the identity their params imply
+(`legacy_identity`: params hold the request parameters, and under turns: all the turns and
+history_reasoning; a record with a `sample` field was made with several samples per prompt, taken to
+be the configured number when that is above one). So upgrading regenerates nothing.
+
+A journal holding records of another identity than the current one is a settings change, decided by
+`generation.on_settings_change` (`Policy`):
+
+  refuse      (default) refused before any request, in one line naming each setting that differs
+              (old -> new) and the ways out; unless the journal already holds records of the
+              current identity (the change was decided earlier, e.g. by a regenerate run);
+  regenerate  the old records stay in the journal (never deleted) but out of every count and
+              output; generations are made afresh under the current identity, the budget counted
+              afresh;
+  extend      the old records stay in the outputs and count toward the budget; what is missing is
+              generated under the current identity; each row carries its own identity.
+
+Which identities count (`Policy.accepted`): the current one, or (extend) every one. Budget, status,
+resume, "exhausted", finalize and tokenize all count through it. A journal with only error records
+has nothing to refuse: errors hold only under the identity that produced them.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+POLICIES = ("refuse", "regenerate", "extend")
+SHA_LEN = 16
+UNKNOWN_SAMPLES = "several (written before identities)"
+
+
+def _canonical(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _request_settings(params):
+    """The request parameters of a record's or a run's params, numbers spelled one way (1 and 1.0 are
+    one temperature)."""
+    s = {k: params[k] for k in ("model", "max_tokens") if params.get(k) is not None}
+    for k in ("temperature", "top_p"):
+        if params.get(k) is not None:
+            s[k] = float(params[k])
+    if params.get("extra_body"):
+        s["extra_body"] = params["extra_body"]
+    return s
+
+
+def settings_of(params, plan):
+    """The readable identity settings of the request `params` (budgetgen.params.request_params: model,
+    max_tokens, temperature?, top_p?, extra_body?) under the generation `plan` (conversations.Plan)."""
+    s = _request_settings(params)
+    s["turns"] = plan.turns
+    if plan.turns == "all":
+        s["history_reasoning"] = plan.history_reasoning
+    s["samples_per_prompt"] = plan.samples
+    return s
+
+
+def sha_of(settings):
+    return hashlib.sha256(_canonical(settings).encode()).hexdigest()[:SHA_LEN]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """How a generation is made: its readable settings (as canonical JSON, so the object is hashable)
+    and their sha."""
+
+    settings_json: str
+    sha: str
+
+    @classmethod
+    def of(cls, settings):
+        return cls(_canonical(settings), sha_of(settings))
+
+    @property
+    def settings(self):
+        return json.loads(self.settings_json)
+
+    def stamp(self):
+        """What every journal and error record stores."""
+        return {"identity": self.sha, "identity_settings": self.settings}
+
+
+def legacy_identity(record, configured_samples=1):
+    """The identity of a record written before records stored one: the one its params imply."""
+    params = record.get("params") if isinstance(record.get("params"), dict) else {}
+    settings = _request_settings(params)
+    settings["turns"] = params.get("turns", "last")
+    if settings["turns"] == "all":
+        settings["history_reasoning"] = params.get("history_reasoning", "drop")
+    if "sample" in record:
+        settings["samples_per_prompt"] = configured_samples if configured_samples > 1 else UNKNOWN_SAMPLES
+    else:
+        settings["samples_per_prompt"] = 1
+    return Identity.of(settings)
+
+
+def record_sha(record, configured_samples=1):
+    """The identity sha of a parsed journal or error record (stored, else legacy_identity's)."""
+    sha = record.get("identity")
+    if isinstance(sha, str) and sha:
+        return sha
+    return legacy_identity(record, configured_samples).sha
+
+
+def record_settings(record, configured_samples=1):
+    settings = record.get("identity_settings")
+    return settings if isinstance(settings, dict) else legacy_identity(record, configured_samples).settings
+
+
+def differences(old, new):
+    """`key old -> new` for each setting that differs between two readable settings (nested keys of
+    extra_body spelled with dots), in a stable order."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    a, b = flat(old), flat(new)
+    show = lambda v: "unset" if v is None else json.dumps(v, ensure_ascii=False)  # noqa: E731
+    return [f"{k} {show(a.get(k))} -> {show(b.get(k))}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """generation.on_settings_change under the current identity: which identities count."""
+
+    current: Identity
+    on_change: str = "refuse"
+
+    def accepts(self, sha):
+        return self.on_change == "extend" or sha == self.current.sha
+
+    def key(self):
+        """What the status and the done marker record: counts made under another key are not trusted."""
+        return {"identity": self.current.sha, "on_settings_change": self.on_change}
+
+    def changes(self, by_identity):
+        """The settings that differ (`key old -> new`) when the journal's records (`by_identity`: {sha:
+        journal.IdentityCount}) were made under other settings and this policy refuses that, else None
+        (nothing to refuse: regenerate or extend, no records of other settings, or records of the
+        current settings already there)."""
+        if self.on_change != "refuse":
+            return None
+        others = {sha: c for sha, c in by_identity.items() if sha != self.current.sha and c.records}
+        mine = by_identity.get(self.current.sha)
+        if not others or (mine is not None and mine.records):
+            return None
+        _, most = max(others.items(), key=lambda kv: kv[1].records)
+        return differences(most.settings or {}, self.current.settings) or ["settings differ"]
+
+    def refusal(self, dataset, by_identity):
+        """The one-line refusal of a settings change (see changes()), or None."""
+        changed = self.changes(by_identity)
+        if changed is None:
+            return None
+        held = sum(c.records for sha, c in by_identity.items() if sha != self.current.sha)
+        return (f"dataset {dataset}: its journal holds {held} records made under other generation settings "
+                f"({'; '.join(changed)}); nothing was requested. Restore those settings, use a new dataset name, "
+                "or set generation.on_settings_change: regenerate (old records kept in the journal, out of the "
+                "outputs; the budget counted afresh) or extend (old records kept in the outputs, the new settings "
+                "fill the rest of the budget)")
