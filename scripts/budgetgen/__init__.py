@@ -21,6 +21,7 @@ One module per concern:
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv
   plots        the report's figures of one dataset (data functions + matplotlib drawing)
+  watch        the read-only view of a working directory behind scripts/watch.py
 
 Test tooling (the mock server, the tiny tokenizer) is the separate package budgetgen_testkit, which
 depends on this one, never the reverse.

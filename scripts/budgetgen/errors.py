@@ -45,6 +45,15 @@ class _Tee:
         return self.files[0].fileno()
 
 
+_TERMINAL = None
+
+
+def terminal():
+    """The stream of the run's terminal while stdout/stderr go to a rule's log (entry_point under
+    Snakemake), else None (run from the command line, the log lines are on the terminal already)."""
+    return _TERMINAL
+
+
 def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=False):
     """Run an entry point from the command line or from a Snakemake `script:` directive.
 
@@ -58,6 +67,9 @@ def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=Fals
 
     config_from_snakemake: main takes `config=` (the config Snakemake loaded and validated, its
     --config overrides included) instead of reading the --config file named in argv.
+
+    The job's own stderr before the redirection (the terminal of the run; a cluster job's Snakemake
+    log) stays reachable as `terminal()`, for the few lines meant for whoever watches the run.
     """
     smk = namespace.get("snakemake")
     if smk is None:
@@ -66,6 +78,8 @@ def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=Fals
         import os
         import time
 
+        global _TERMINAL
+        _TERMINAL = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
         log = open(smk.log[0], "a", buffering=1, encoding="utf-8")
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)

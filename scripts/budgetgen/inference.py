@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from . import conversations, journal, prompts
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
-from .errors import UserError
+from .errors import UserError, terminal
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
 from .settings import InferenceSettings
@@ -98,6 +98,22 @@ class RunStats:
         return (f"progress: {journaled.records} responses, {journaled.tokens}/{budget} tokens ({pct:.1f}%), "
                 f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {inflight} ({streaming} tokens streamed), "
                 f"queued {queued}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
+
+    def terminal_line(self, dataset, journaled, budget, inflight, state="running"):
+        """The compact line for the run's terminal: dataset name first, fixed columns, so the lines of
+        several datasets running at once stay readable (terminal_line_pattern reads it back)."""
+        _, tps = self.rates.rates()
+        pct = 100.0 * journaled.tokens / budget if budget else 100.0
+        left = budget - journaled.tokens
+        eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
+        return (f"budgetgen {dataset:<20} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
+                f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  ETA {fmt_eta(eta):>8}  {state}")
+
+
+# What terminal_line writes, for whoever reads the run's terminal or its Snakemake log (tests, scripts).
+TERMINAL_LINE = (r"^budgetgen (?P<dataset>\S+)\s+(?P<tokens>[\d,]+) / (?P<budget>[\d,]+)\s+tok\s+(?P<pct>[\d.]+)%\s+"
+                 r"(?P<tps>[\d,]+) tok/s\s+in flight\s+(?P<inflight>\d+)\s+errors\s+(?P<errors>\d+)\s+"
+                 r"ETA\s+(?P<eta>\S+)\s+(?P<state>.+)$")
 
 
 class RequestRetries:
@@ -343,19 +359,33 @@ class InferenceJob:
         return self.stats.progress_line(self.run_state.journaled, self.s.budget, len(self.inflight),
                                         sum(p.seen for p in self.inflight.values()), len(self.run_state.queue))
 
+    def to_terminal(self, state="running"):
+        """The compact progress line on the run's terminal (errors.terminal(): under Snakemake, where
+        the log lines go to the rule's log); nothing when the job runs from the command line."""
+        out = terminal()
+        if out is not None:
+            rs = self.run_state
+            out.write(self.stats.terminal_line(self.s.dataset, rs.journaled, self.s.budget, len(self.inflight),
+                                               state) + "\n")
+
     async def progress_loop(self):
         # Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
         # covers a quiet spell after the last one. If it fails (an fsync error), the job fails
         # with its one line: the dispatch loop is woken and raises it.
-        tick = min(self.s.progress_interval_s, 2.0)
-        last_line = time.monotonic()
+        s = self.s
+        tick = min(s.progress_interval_s, s.terminal_progress_interval_s, 2.0)
+        last_line = last_terminal = time.monotonic()
         try:
             while True:
                 await asyncio.sleep(tick)
                 self.writer.sync()
-                if time.monotonic() - last_line >= self.s.progress_interval_s - 1e-3:
-                    last_line = time.monotonic()
+                now = time.monotonic()
+                if now - last_line >= s.progress_interval_s - 1e-3:
+                    last_line = now
                     log.info(self.progress_line())
+                if now - last_terminal >= s.terminal_progress_interval_s - 1e-3:
+                    last_terminal = now
+                    self.to_terminal()
         except Exception as exc:  # noqa: BLE001 - handed to the dispatch loop, which raises it
             self.failed = exc
             self.wake.set()
@@ -404,6 +434,7 @@ class InferenceJob:
                 cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(urls) > 1 else ""
                 log.info(f"Server {where} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
             self.last_ok = time.monotonic()
+            self.to_terminal("started")
             progress = asyncio.create_task(self.progress_loop())
             await self.dispatch_loop()
             if self.stop_signal is None and self.stats.errors and not self.stats.responses:
@@ -427,6 +458,7 @@ class InferenceJob:
             if rs.journaled.records:
                 self.errors.flush()
             log.info(self.progress_line())
+            self.to_terminal(f"stopped by {signal.Signals(self.stop_signal).name}")
             log.info(f"Stopped by {signal.Signals(self.stop_signal).name}: journal flushed "
                      f"({rs.journaled.records} responses, {rs.journaled.tokens} tokens); rerun to resume")
             return EXIT_SIGNAL[self.stop_signal]
@@ -508,6 +540,7 @@ class InferenceJob:
             if st.records:
                 self.errors.flush()
             log.info(f"{len(self.deferred)} requests still failing after {s.max_retries} retries; rerun to retry them")
+            self.to_terminal(f"partial: {len(self.deferred)} requests still failing; rerun")
             return 1
         if exhausted and not met and st.records == 0:
             # errors alone never make a dataset "exhausted": without one response there is no proof
@@ -523,6 +556,7 @@ class InferenceJob:
                  f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
                  + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
                     f"{left.chains_ended_by_error} ended by an error" if s.plan.turns == "all" else ""))
+        self.to_terminal(f"done: {state}")
         if state == "partial":
             return 1
         write_json_atomic(s.paths.done, {

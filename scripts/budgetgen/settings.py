@@ -184,6 +184,7 @@ class InferenceSettings:
     unreachable_deadline_s: float
     startup_wait_s: float
     progress_interval_s: float
+    terminal_progress_interval_s: float
     return_token_ids: bool | str  # False, "vllm" or "sglang"
     continuous_usage_stats: bool
     endpoint_concurrency: int
@@ -214,6 +215,7 @@ class InferenceSettings:
             on_bad_line=g("on_bad_line"), request_timeout_s=float(server["request_timeout_s"]),
             max_retries=int(server["max_retries"]), unreachable_deadline_s=float(server["unreachable_deadline_s"]),
             startup_wait_s=float(server["startup_wait_s"]), progress_interval_s=float(server["progress_interval_s"]),
+            terminal_progress_interval_s=float(server["terminal_progress_interval_s"]),
             return_token_ids=("vllm" if api is True else api) or False,
             continuous_usage_stats=bool(server["continuous_usage_stats"]),
             endpoint_concurrency=int(server["endpoint_concurrency"]),

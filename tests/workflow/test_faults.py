@@ -305,8 +305,8 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
     py, s = sys.executable, REPO / "scripts"
     inference = job_cmd(tmp_path, "http://127.0.0.1:9/v1", dataset="F", budget=100, model="m", tokenizer=tiny_tokenizer)
     runs = {
-        "status.json": [py, s / "budget_status.py", "--dataset", "F", "--journal", d / "journal.jsonl", "--errors",
-                        d / "e.jsonl", "--prompts", tmp_path / "prompts.jsonl", "--output", d / "status.json"],
+        "budget_status.json": [py, s / "budget_status.py", "--config", tmp_path / "config.yaml", "--dataset", "F",
+                               "-d", tmp_path],
         "tokenized.arrow": [py, s / "tokenize_responses.py", "--config", tmp_path / "config.yaml", "--dataset", "F",
                             "-d", tmp_path],
         "journal.jsonl.lock": inference,
@@ -315,7 +315,7 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
         p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120)
         err = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
-        where = d / name if name == "status.json" else f"results/F/{name}"  # the jobs' own (relative) paths
+        where = f"results/F/{name}"  # the jobs' own (relative) paths
         assert len(err) == 1 and err[0].startswith(f"error: {where}: cannot write"), err
         assert "No space left on device" in err[0]
     assert sorted(os.listdir(d)) == ["filler", "journal.jsonl", "journal.jsonl.lock", "raw_responses.jsonl"]  # no temp

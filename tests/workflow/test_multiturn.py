@@ -103,7 +103,8 @@ def test_three_user_turns_make_three_rows_holding_the_targets_own_answers(tmp_pa
             assert rec["conversation_id"] == cid and rec["turn"] == k
             assert rec["messages"][:-1] == request  # the history is the target's own earlier answers
             assert rec["messages"][-1] == answer
-            assert rec["params"]["turns"] == "all" and rec["params"]["history_reasoning"] == "drop"
+            settings = rec["identity_settings"]  # the plan is part of the generation identity
+            assert settings["turns"] == "all" and settings["history_reasoning"] == "drop"
         assert "dataset's answer" not in json.dumps(records[f"{cid}/t3"]["messages"])
     ds = Dataset.from_file(str(wf.path("results", "M", "tokenized.arrow")))
     assert ds.num_rows == 12
@@ -148,7 +149,7 @@ def test_history_reasoning_sends_what_it_says(tmp_path, server, policy):
     history = [m for request in sent for m in request if m["role"] == "assistant"]
     assert history and all(("reasoning_content" in m) == (policy == "keep") for m in history)
     recs = JobFiles(tmp_path).records()
-    assert {r["params"]["history_reasoning"] for r in recs} == {policy}
+    assert {r["identity_settings"]["history_reasoning"] for r in recs} == {policy}
 
 
 def test_kill_mid_conversation_then_resume_regenerates_no_turn_and_loses_none(tmp_path, server):

@@ -57,7 +57,7 @@ def test_invariant_checks_catch_a_lost_record_a_duplicate_and_changed_content(so
     import copy
     import json
 
-    wf = soak.workflow("checks")
+    wf = soak.workflow("checks", stage=1)  # a fresh folder: no outputs of its own
     good = {ds: {"lines": [json.dumps({"id": f"{ds}{i}"}).encode() + b"\n" for i in range(3)], "torn": 0}
             for ds in soak_mod.DATASETS}
     lost = copy.deepcopy(good)

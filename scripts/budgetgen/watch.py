@@ -1,0 +1,240 @@
+"""A read-only view of a working directory while a run writes it (scripts/watch.py).
+
+Per dataset: tokens of the budget (or generations of those there are, for a dataset on its way to
+being exhausted), the state, tok/s and req/s over the last minute, the ETA and the errors; and a total
+line (the tokens left of every dataset not finished, over the aggregate rate).
+
+Read only, never in the way of a run: it reads the journals, errors.jsonl, the status and the done
+markers, and nothing else; it takes no lock (neither Snakemake's nor the journal's) and writes nothing,
+so it works from another shell or a login node while a run holds Snakemake's lock. A journal is
+followed incrementally (`JournalFollower`): each refresh reads only the bytes appended since the last
+one, up to the last whole line (a torn tail is read once it is whole), and starts over when the file
+was replaced or shrank. Records count under the generation identities that count now
+(budgetgen.identity), as every other reader counts them.
+
+Rates come from the records themselves: a record's completion is its `created` + `latency_s`.
+"""
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import conversations, journal, prompts, state
+from .errors import UserError
+
+WINDOW_S = 60.0
+
+
+@dataclass
+class JournalFollower:
+    """One journal read incrementally (see the module docstring)."""
+
+    path: str
+    accepts: object = None  # identity.Policy.accepts
+    samples: int = 1
+    offset: int = 0
+    inode: int | None = None
+    tokens: int = 0
+    records: int = 0
+    ids: set = field(default_factory=set)
+    by_identity: dict = field(default_factory=dict)
+    recent: deque = field(default_factory=deque)  # (completed at, tokens) of the counted records
+    problem: str | None = None  # a whole line that does not parse: FILE:LINE: reason
+    lineno: int = 0
+
+    def reset(self):
+        self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
+        self.ids, self.by_identity, self.recent = set(), {}, deque()
+
+    def refresh(self):
+        """Read what was appended since the last refresh; returns self."""
+        from .identity import record_settings, record_sha
+
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.reset()
+            self.inode = None
+            return self
+        if st.st_ino != self.inode or st.st_size < self.offset:  # replaced or cut: read it anew
+            self.reset()
+            self.inode = st.st_ino
+        if st.st_size == self.offset or self.problem:
+            return self
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(st.st_size - self.offset)
+        except FileNotFoundError:
+            return self
+        whole = data[: data.rfind(b"\n") + 1]  # a torn tail waits until it is whole
+        for raw in whole.splitlines():
+            self.lineno += 1
+            if not raw.strip():
+                continue
+            try:
+                rid, tokens, rec = journal.parse_line(raw.decode("utf-8"), f"{self.path}:{self.lineno}")
+            except (UserError, UnicodeDecodeError) as exc:
+                self.problem = str(exc) if isinstance(exc, UserError) else f"{self.path}:{self.lineno}: not UTF-8"
+                break
+            sha = record_sha(rec, self.samples)
+            count = self.by_identity.get(sha)
+            if count is None:
+                count = self.by_identity[sha] = journal.IdentityCount(settings=record_settings(rec, self.samples))
+            count.records += 1
+            count.tokens += tokens
+            if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
+                continue
+            self.ids.add(rid)
+            self.tokens += tokens
+            self.records += 1
+            done_at = float(rec.get("created") or 0) + float(rec.get("latency_s") or 0)
+            self.recent.append((done_at, tokens))
+        self.offset += len(whole)
+        return self
+
+    def rates(self, now):
+        """(req/s, tok/s) over the last WINDOW_S seconds of completions."""
+        while self.recent and now - self.recent[0][0] > WINDOW_S:
+            self.recent.popleft()
+        if not self.recent:
+            return 0.0, 0.0
+        span = max(1.0, min(WINDOW_S, now - min(t for t, _ in self.recent)))
+        return len(self.recent) / span, sum(n for _, n in self.recent) / span
+
+
+@dataclass
+class DatasetView:
+    name: str
+    tokens: int
+    budget: int
+    responses: int
+    generations_done: int
+    generations: int
+    state: str
+    req_s: float
+    tok_s: float
+    eta_s: float | None
+    errors: int
+
+    @property
+    def pct(self):
+        return 100.0 * self.tokens / self.budget if self.budget else 100.0
+
+    @property
+    def finished(self):
+        return self.state in (state.MET, state.EXHAUSTED)
+
+
+class Watcher:
+    """The views of every dataset of a validated config, refreshed on demand (relative to the
+    current working directory, as the workflow's paths are)."""
+
+    def __init__(self, config):
+        from .settings import InferenceSettings
+
+        self.settings = [InferenceSettings.from_config(config, ds) for ds in sorted(config["datasets"])]
+        self.followers = {s.dataset: JournalFollower(s.paths.journal, s.policy.accepts, s.plan.samples)
+                          for s in self.settings}
+        self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)
+
+    def _generations(self, s):
+        try:
+            mtime = os.path.getmtime(s.paths.prompts)
+        except FileNotFoundError:
+            return 0
+        cached = self.generations.get(s.dataset)
+        if cached is None or cached[0] != mtime:
+            try:
+                chain_list = conversations.chains(prompts.load_prompts(s.paths.prompts, on_bad_line="skip").prompts,
+                                                  s.plan)
+            except UserError:
+                return 0
+            cached = self.generations[s.dataset] = (mtime, sum(c.n_turns for c in chain_list))
+        return cached[1]
+
+    def view(self, s, now):
+        f = self.followers[s.dataset].refresh()
+        files = state.DatasetFiles(journal=s.paths.journal, done=s.paths.done, status=s.paths.status,
+                                   prompts=s.paths.prompts)
+        st, _ = state.dataset_state(files, s.budget, s.policy.key())
+        changed = s.policy.changes(f.by_identity)
+        if f.problem:
+            st = f"error: {f.problem}"
+        elif changed:
+            st = state.refused_state(changed)
+        elif st in (state.FRESH, state.PARTIAL) and f.tokens >= s.budget:
+            st = state.MET
+        elif st == state.FRESH and f.records:
+            st = state.PARTIAL
+        errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors, s.plan.samples).items()
+                                if s.policy.accepts(sha)))
+        req_s, tok_s = f.rates(now)
+        left = s.budget - f.tokens
+        eta = 0.0 if left <= 0 or st in (state.MET, state.EXHAUSTED) else (left / tok_s if tok_s > 0 else None)
+        return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,
+                           tok_s, eta, len(errored - f.ids))
+
+    def views(self, now=None):
+        now = time.time() if now is None else now
+        out = []
+        for s in self.settings:
+            try:
+                out.append(self.view(s, now))
+            except UserError as exc:  # errors.jsonl with a bad line: said in the row, the view goes on
+                out.append(DatasetView(s.dataset, 0, s.budget, 0, 0, 0, f"error: {exc}", 0.0, 0.0, None, 0))
+        return out
+
+
+def total(views):
+    """(tokens, budget, tokens left of the datasets not finished, tok/s, ETA seconds or None)."""
+    left = sum(max(0, v.budget - v.tokens) for v in views if not v.finished)
+    tps = sum(v.tok_s for v in views)
+    eta = 0.0 if left == 0 else (left / tps if tps > 0 else None)
+    return sum(v.tokens for v in views), sum(v.budget for v in views), left, tps, eta
+
+
+TSV_COLUMNS = ["dataset", "tokens", "budget", "budget_pct", "responses", "generations_done", "generations",
+               "state", "tok_s", "req_s", "eta_s", "errors"]
+
+
+def format_tsv(views):
+    lines = ["\t".join(TSV_COLUMNS)]
+    for v in views:
+        lines.append("\t".join(str(x) for x in (
+            v.name, v.tokens, v.budget, f"{v.pct:.2f}", v.responses, v.generations_done, v.generations, v.state,
+            f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors)))
+    tokens, budget, left, tps, eta = total(views)
+    lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, f"{100.0 * tokens / budget if budget else 100:.2f}",
+                                           sum(v.responses for v in views), "", "", f"{left} left", f"{tps:.1f}",
+                                           f"{sum(v.req_s for v in views):.2f}", "" if eta is None else f"{eta:.0f}",
+                                           sum(v.errors for v in views))))
+    return "\n".join(lines) + "\n"
+
+
+def render(views, title):
+    """A rich Table of the views (progress bars of tokens of the budget, or of generations for a
+    dataset being exhausted) and the total line."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    from .inference import fmt_eta
+
+    table = Table(title=title, title_justify="left", expand=False)
+    for name, justify in (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"),
+                          ("state", "left"), ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"),
+                          ("errors", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "state")
+    for v in views:
+        exhausting = v.state == state.EXHAUSTED or (v.generations and v.generations_done >= v.generations)
+        bar = (ProgressBar(total=max(1, v.generations), completed=v.generations_done, width=24) if exhausting
+               else ProgressBar(total=max(1, v.budget), completed=min(v.tokens, v.budget), width=24))
+        table.add_row(v.name, bar, f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
+                      f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors))
+    tokens, budget, left, tps, eta = total(views)
+    table.add_section()
+    table.add_row("total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
+                  f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
+                  str(sum(v.errors for v in views)))
+    return table

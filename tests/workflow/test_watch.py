@@ -1,0 +1,129 @@
+"""Watching a run: the compact per-dataset progress lines each inference job writes to the run's terminal,
+and scripts/watch.py, the read-only view of a working directory, on a live run (a real snakemake holding
+its lock, a real mock server) and on a finished one (the same figures as summary.tsv), through a torn
+journal tail and a journal replaced under it."""
+
+import csv
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from budgetgen.inference import TERMINAL_LINE
+from support import REPO
+from support.workflow import Workflow, base_config, wait_for, write_prompts
+
+pytestmark = pytest.mark.slow
+
+WATCH = [sys.executable, str(REPO / "scripts" / "watch.py")]
+
+
+def two_datasets(tmp_path, srv, tokenizer, budgets, n=60, **server):
+    d = tmp_path / "work"
+    for ds in budgets:
+        write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+    cfg = base_config(srv.base_url, tokenizer, {ds: {"prompts": f"prompts/{ds}.jsonl", "token_budget": b}
+                                                 for ds, b in budgets.items()}, concurrency=4)
+    cfg["server"].update(server)
+    return Workflow(d, cfg)
+
+
+def journal_tokens(wf, ds):
+    return sum(r["usage"]["completion_tokens"] for r in wf.records(ds))
+
+
+def watch_tsv(wf):
+    p = subprocess.run(WATCH + ["-d", str(wf.dir), "--once", "--tsv"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not p.stderr, p.stdout + p.stderr
+    return {r["dataset"]: r for r in csv.DictReader(io.StringIO(p.stdout), delimiter="\t")}
+
+
+def test_the_runs_terminal_holds_a_progress_line_per_dataset(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "100")
+    wf = two_datasets(tmp_path, srv, tiny_tokenizer, {"A": 600, "B": 400}, terminal_progress_interval_s=0.5)
+    p = wf.run("--cores", "2", "all")
+    lines = {}
+    for line in p.stderr.splitlines():
+        m = re.match(TERMINAL_LINE, line)
+        if m:
+            lines.setdefault(m["dataset"], []).append(m)
+    assert set(lines) == {"A", "B"}, p.stderr[-3000:]
+    for ds, found in lines.items():
+        states = [m["state"] for m in found]
+        assert states[0] == "started" and states[-1] == "done: met" and "running" in states, states
+        last = found[-1]
+        assert int(last["tokens"].replace(",", "")) == journal_tokens(wf, ds)
+        assert int(last["budget"].replace(",", "")) == (600 if ds == "A" else 400)
+    # the full lines stay in the log, not on the terminal
+    assert "progress: " in wf.path("logs", "inference", "A.log").read_text() and "progress: " not in p.stderr
+
+
+def test_watch_once_on_a_live_run_then_a_finished_one(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "50")
+    wf = two_datasets(tmp_path, srv, tiny_tokenizer, {"A": 3000, "B": 2000}, request_timeout_s=120,
+                      unreachable_deadline_s=120)
+    proc = wf.start("--cores", "2", "all")
+    locks = wf.path(".snakemake", "locks")
+    try:
+        wait_for(lambda: all(len(wf.journal_lines(ds)) >= 2 for ds in "AB"), timeout=120,
+                 what="both datasets to journal responses")
+        os.kill(srv.pid, signal.SIGSTOP)  # the server stalls: the journals stop growing, the run goes on
+        try:
+            sizes = {}
+
+            def stable():
+                now = {ds: wf.path("results", ds, "journal.jsonl").stat().st_size for ds in "AB"}
+                same = now == sizes.get("last")
+                sizes["last"] = now
+                return same
+
+            wait_for(stable, timeout=30, interval=1.5, what="the journals to stop growing")
+            before = {ds: journal_tokens(wf, ds) for ds in "AB"}
+            assert proc.poll() is None and any(locks.iterdir())  # the premise: snakemake holds its lock
+            got = watch_tsv(wf)
+            table = subprocess.run(WATCH + ["-d", str(wf.dir), "--once"], capture_output=True, text=True,
+                                   timeout=60, env={**os.environ, "COLUMNS": "160"})
+            assert {ds: journal_tokens(wf, ds) for ds in "AB"} == before  # the premise still holds
+            assert proc.poll() is None and any(locks.iterdir())
+        finally:
+            os.kill(srv.pid, signal.SIGCONT)
+        for ds in "AB":
+            assert int(got[ds]["tokens"]) == before[ds] and got[ds]["state"] == "partial", got[ds]
+            assert int(got[ds]["responses"]) == len(wf.records(ds))
+        assert int(got["TOTAL"]["tokens"]) == sum(before.values())
+        assert table.returncode == 0 and all(f" {ds} " in table.stdout for ds in "AB"), table.stdout + table.stderr
+        assert "total" in table.stdout and "tokens left" in table.stdout
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            wf.killpg(proc)
+
+    # finished: the same figures as summary.tsv
+    got = watch_tsv(wf)
+    with open(wf.path("results", "summary.tsv")) as f:
+        summary = {r["dataset"]: r for r in csv.DictReader(f, delimiter="\t")}
+    for ds in "AB":
+        w, s = got[ds], summary[ds]
+        assert (w["tokens"], w["responses"], w["budget"], w["budget_pct"], w["state"], w["errors"]) == (
+            s["completion_tokens"], s["responses"], s["token_budget"], s["budget_pct"], s["status"], s["errors"])
+
+    # a torn tail (a record a crash cut) is not read; a journal replaced under the watcher is read anew
+    journal = wf.path("results", "A", "journal.jsonl")
+    with open(journal, "a") as f:
+        f.write('{"id": "A-torn", "identity": "0123", "messages": [{"role": "us')
+    assert watch_tsv(wf)["A"]["tokens"] == got["A"]["tokens"]
+    copy = journal.with_suffix(".copy")
+    shutil.copy(journal, copy)
+    os.replace(copy, journal)
+    assert watch_tsv(wf)["A"]["tokens"] == got["A"]["tokens"]
+
+
+def test_watch_help_and_a_missing_folder():
+    assert subprocess.run(WATCH + ["--help"], capture_output=True, text=True).returncode == 0
+    p = subprocess.run(WATCH + ["-d", "/nonexistent/run", "--once"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip() == "error: --directory /nonexistent/run: no such folder"
