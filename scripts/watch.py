@@ -55,7 +55,10 @@ def main(argv=None):
         else:
             from rich.console import Console
 
-            Console().print(render(views, title))
+            console = Console()
+            if not console.is_terminal:  # a pipe or a CI log: wide enough for every column
+                console = Console(width=max(console.width, 150))
+            console.print(render(views, title))
         return 0
     from rich.live import Live
 

@@ -106,6 +106,8 @@ class RunStats:
         pct = 100.0 * journaled.tokens / budget if budget else 100.0
         left = budget - journaled.tokens
         eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
+        if state.startswith("done"):
+            eta = 0  # finished: exhausted short of the budget has nothing left to wait for
         return (f"budgetgen {dataset:<20} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
                 f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  ETA {fmt_eta(eta):>8}  {state}")
 

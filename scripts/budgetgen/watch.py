@@ -225,11 +225,11 @@ def render(views, title):
     for name, justify in (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"),
                           ("state", "left"), ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"),
                           ("errors", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "state")
+        table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))
     for v in views:
         exhausting = v.state == state.EXHAUSTED or (v.generations and v.generations_done >= v.generations)
-        bar = (ProgressBar(total=max(1, v.generations), completed=v.generations_done, width=24) if exhausting
-               else ProgressBar(total=max(1, v.budget), completed=min(v.tokens, v.budget), width=24))
+        bar = (ProgressBar(total=max(1, v.generations), completed=v.generations_done, width=20) if exhausting
+               else ProgressBar(total=max(1, v.budget), completed=min(v.tokens, v.budget), width=20))
         table.add_row(v.name, bar, f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
                       f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors))
     tokens, budget, left, tps, eta = total(views)
