@@ -56,7 +56,7 @@ for _p in (str(TESTS), str(TESTS.parent / "scripts")):
 
 from budgetgen_testkit import mock_server  # noqa: E402
 from support import CORPUS  # noqa: E402
-from support.workflow import Workflow, base_config, write_prompts  # noqa: E402
+from support.workflow import Workflow, base_config, write_conversations, write_prompts  # noqa: E402
 
 DATASETS = {"A": 24, "B": 16, "C": 16, "M": 6}  # prompts per dataset
 MULTI_TURN = {"M": {"turns": "all", "samples_per_prompt": 2}}  # M: 3-turn conversations, every turn on-policy
@@ -150,18 +150,6 @@ def keyed(lines):
         rec = json.loads(line)
         out.append((rec.get("identity"), rec["id"]))
     return out
-
-
-def write_conversations(path, n, prefix):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for i in range(n):
-            conv = []
-            for t in range(1, 4):
-                conv.append({"role": "user", "content": f"{prefix}{i} question {t}: explain topic {i * 7 % 13 + t}"})
-                if t < 3:
-                    conv.append({"role": "assistant", "content": f"the dataset's answer {t}"})
-            f.write(json.dumps({"id": f"{prefix}{i}", "messages": conv}) + "\n")
 
 
 def normal(rec):

@@ -28,6 +28,21 @@ def write_prompts(path, n, prefix="q", fmt="prompt"):
     return path
 
 
+def write_conversations(path, n, turns=3, prefix="c"):
+    """n ShareGPT conversations of `turns` user turns, each with the dataset's own answers between."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for i in range(n):
+            conv = []
+            for t in range(1, turns + 1):
+                conv.append({"from": "human", "value": f"{prefix}{i} question {t}: explain topic {i * 7 % 13 + t}"})
+                if t < turns:
+                    conv.append({"from": "gpt", "value": f"the dataset's answer {t} (not the target's)"})
+            f.write(json.dumps({"id": f"{prefix}{i}", "conversations": conv}) + "\n")
+    return path
+
+
 class Workflow:
     """A working directory with a config, and real snakemake runs of the repo's Snakefile in it."""
 

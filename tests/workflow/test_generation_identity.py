@@ -10,27 +10,16 @@ import pyarrow as pa
 import pytest
 from datasets import Dataset
 
-from support.workflow import Workflow, base_config, planned_inference, server_stats
+from support.workflow import Workflow, base_config, planned_inference, server_stats, write_conversations
 
 pytestmark = pytest.mark.slow
-
-
-def conversations_file(path, n, turns=3):
-    with open(path, "w") as f:
-        for i in range(n):
-            conv = []
-            for t in range(1, turns + 1):
-                conv.append({"role": "user", "content": f"c{i} question {t}: explain topic {i * 7 % 13 + t}"})
-                if t < turns:
-                    conv.append({"role": "assistant", "content": f"the dataset's answer {t}"})
-            f.write(json.dumps({"id": f"c{i}", "messages": conv}) + "\n")
 
 
 def workflow(tmp_path, srv, tokenizer, prompts="conv", n=4, **generation):
     d = tmp_path / "work"
     d.mkdir()
     if prompts == "conv":
-        conversations_file(d / "p.jsonl", n)
+        write_conversations(d / "p.jsonl", n)
     else:
         (d / "p.jsonl").write_text("".join(json.dumps({"id": f"c{i}", "prompt": f"question number {i}: explain"})
                                            + "\n" for i in range(n)))

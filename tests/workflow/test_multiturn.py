@@ -15,24 +15,11 @@ from datasets import Dataset
 from budgetgen import conversations, prompts
 from budgetgen_testkit import mock_server
 from support.jobs import JobFiles, job_cmd
-from support.workflow import Workflow, base_config, planned_inference, wait_for
+from support.workflow import Workflow, base_config, planned_inference, wait_for, write_conversations
 
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 64
-
-
-def write_conversations(path, n, turns=3, prefix="c"):
-    """n ShareGPT conversations of `turns` user turns, each with the dataset's own answers between."""
-    with open(path, "w") as f:
-        for i in range(n):
-            conv = []
-            for t in range(1, turns + 1):
-                conv.append({"from": "human", "value": f"{prefix}{i} question {t}: explain topic {i * 7 % 13 + t}"})
-                if t < turns:
-                    conv.append({"from": "gpt", "value": f"the dataset's answer {t} (not the target's)"})
-            f.write(json.dumps({"id": f"{prefix}{i}", "conversations": conv}) + "\n")
-    return path
 
 
 def conversation_workflow(tmp_path, srv, tokenizer, n, **generation):
