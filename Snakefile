@@ -52,6 +52,7 @@ rule all:
     default_target: True
     input:
         expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
+        expand("results/{dataset}/validation.arrow", dataset=VALIDATION_DATASETS),
         expand("results/{dataset}/budget_status.json", dataset=DATASETS),
         "results/summary.tsv",
         expand(rules.plots.output, dataset=DATASETS),

@@ -7,11 +7,12 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
-from budgetgen import configcheck, settings, state  # noqa: E402
-from budgetgen.journal import scan as scan_journal  # noqa: E402
+from budgetgen import configcheck, settings, state, status  # noqa: E402
 from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
+# datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow
+VALIDATION_DATASETS = [ds for ds in DATASETS if settings.dataset_mixture(config, ds).validation_share > 0]
 
 
 wildcard_constraints:
@@ -24,6 +25,17 @@ def generation_setting(dataset, key):
 
 def token_budget(dataset):
     return settings.token_budget(config, dataset)
+
+
+def lane_budgets(dataset):
+    """{lane: budget}: each mixture cell in each split (budgetgen.mixture); one lane without either."""
+    return settings.dataset_mixture(config, dataset).budgets()
+
+
+def earlier_prompts(wildcards):
+    """generation.dedup_across_datasets: the earlier datasets' prompts files (ancient: they are read,
+    and an edit to one is seen by the job's own check, not by mtime)."""
+    return [ancient(p) for p in settings.earlier_prompts(config, wildcards.dataset)]
 
 
 def paths(dataset):
@@ -100,23 +112,21 @@ def raw_responses_input(wildcards):
     if os.path.exists(p.done) or not os.path.exists(p.journal):
         # no need to wait for the checkpoint: a dry-run on a fresh tree already lists inference
         return [p.done]
-    status = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
-    if state.finalize_from_journal(dataset_files(ds), token_budget(ds), policy(ds).key(), status):
+    found = state.read_json(checkpoints.budget_status.get(dataset=ds).output[0])
+    if state.finalize_from_journal(dataset_files(ds), lane_budgets(ds), policy(ds).key(), found):
         return [p.journal]
     return [p.done]
-
-
-def journal_counts(path, pol):
-    return scan_journal(path, accepts=pol.accepts, samples=pol.current.settings["samples_per_prompt"])
 
 
 def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
-        rows = [
-            state.status_row(ds, dataset_files(ds), token_budget(ds), policy(ds), journal_counts)
-            for ds in DATASETS
-        ]
+        rows = []
+        for ds in DATASETS:
+            s = settings.InferenceSettings.from_config(config, ds)
+            rows += state.status_rows(
+                ds, dataset_files(ds), s.mixture.budgets(), s.policy, status.table_counts(s)
+            )
         print(state.format_status_table(rows), file=sys.stderr)
 
 

@@ -10,6 +10,8 @@ rule inference:
         # ordering only: the status exists before any journal; ancient() so a rewritten status
         # never reruns inference by its newer mtime
         status=ancient("results/{dataset}/budget_status.json"),
+        # generation.dedup_across_datasets: the earlier datasets' prompts (imported first)
+        earlier=earlier_prompts,
     output:
         done="results/{dataset}/inference.done",
     log:

@@ -9,6 +9,8 @@
 checkpoint budget_status:
     input:
         imported_prompts,
+        # generation.dedup_across_datasets: the earlier datasets' prompts (imported first)
+        earlier_prompts,
     output:
         "results/{dataset}/budget_status.json",
     log:

@@ -5,6 +5,7 @@ rule summary:
     input:
         raw=expand("results/{dataset}/raw_responses.jsonl", dataset=DATASETS),
         tokenized=expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
+        validation=expand("results/{dataset}/validation.arrow", dataset=VALIDATION_DATASETS),
     output:
         report("results/summary.tsv", caption="../report/summary.rst", category="Summary"),
     log:
@@ -17,7 +18,7 @@ rule summary:
         "../envs/budgetgen.yaml"
     params:
         # rerun triggers: the job reads its settings from the config (budgetgen.settings)
-        budgets=[token_budget(ds) for ds in DATASETS],
+        budgets=[lane_budgets(ds) for ds in DATASETS],
         identities=[json.dumps(policy(ds).key(), sort_keys=True) for ds in DATASETS],
     script:
         "../scripts/summarize.py"

@@ -24,10 +24,13 @@ def main(argv=None):
     ap.add_argument("--pretokenized", required=True,
                     help="pre-tokenized JSONL to write (SpecForge data.prompts_path, speculators prepare-data)")
     ap.add_argument("--hf-dataset", required=True, help="save_to_disk folder to write")
+    ap.add_argument("--split", choices=("train", "validation"), default="train",
+                    help="the raw records of which split go to --specforge (--tokenized is that split's rows: "
+                         "tokenized.arrow or validation.arrow; default: train)")
     a = ap.parse_args(argv)
     from budgetgen.export import to_hf_dataset, to_pretokenized_jsonl, to_specforge
 
-    n = to_specforge(a.raw, a.specforge)
+    n = to_specforge(a.raw, a.specforge, split=a.split)
     rows = to_pretokenized_jsonl(a.tokenized, a.pretokenized)
     hf_rows = to_hf_dataset(a.tokenized, a.hf_dataset)
     print(f"Exported {n} conversations to {a.specforge}, {rows} pre-tokenized rows to {a.pretokenized} "
@@ -37,7 +40,8 @@ def main(argv=None):
 
 def argv_from_snakemake(smk):
     return ["--raw", smk.input.raw, "--tokenized", smk.input.tokenized, "--specforge", smk.output.specforge,
-            "--pretokenized", smk.output.pretokenized, "--hf-dataset", smk.output.hf_dataset]
+            "--pretokenized", smk.output.pretokenized, "--hf-dataset", smk.output.hf_dataset,
+            "--split", smk.params.split]
 
 
 if __name__ == "__main__":

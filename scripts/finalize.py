@@ -2,7 +2,9 @@
 """Copy a dataset's journal to raw_responses.jsonl (rule `finalize`): whole records only, of the
 generation identities that count (budgetgen.identity: the settings now, and
 generation.on_settings_change), the first record of each id, in journal order, streamed (a journal can
-be GBs), written atomically.
+be GBs), written atomically. Each record says its mixture cell and split as they are now
+(budgetgen.mixture: the split is a function of the prompt; tokenize writes each split's rows to its own
+file).
 
     python scripts/finalize.py --config config.yaml --dataset D [-d DIR]
 """
@@ -12,6 +14,7 @@ import argparse
 from budgetgen import journal
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
+from budgetgen.identity import record_sha
 from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config
 
 
@@ -20,13 +23,20 @@ def main(argv=None, config=None):
     add_dataset_arguments(ap)
     a = ap.parse_args(argv)
     s = InferenceSettings.from_config(dataset_config(a, config), a.dataset)
+    mix, samples = s.mixture, s.plan.samples
+    place = mix.placer(s.policy, s.load_prompts().prompts if mix.validation_share > 0 else None)
     tokens = count = 0
+    per_split = {}
     with atomic_output(s.paths.raw_responses) as f:
-        for _, rec in journal.iter_records(s.paths.journal, accepts=s.policy.accepts, samples=s.plan.samples):
+        for _, rec in journal.iter_records(s.paths.journal, accepts=s.policy.accepts, samples=samples):
+            named = rec.get("cell") if isinstance(rec.get("cell"), str) else None
+            rec["cell"], rec["split"] = place(record_sha(rec, samples), str(rec["id"]), named)
             f.write(journal.encode_record(rec))
             tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
             count += 1
-    print(f"Finalized: {count} responses, {tokens} completion tokens -> {s.paths.raw_responses}")
+            per_split[rec["split"]] = per_split.get(rec["split"], 0) + 1
+    splits = "" if len(mix.splits) == 1 else " (" + ", ".join(f"{k} {v}" for k, v in sorted(per_split.items())) + ")"
+    print(f"Finalized: {count} responses{splits}, {tokens} completion tokens -> {s.paths.raw_responses}")
     return 0
 
 

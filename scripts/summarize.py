@@ -4,16 +4,27 @@
     python scripts/summarize.py --config config.yaml [-d DIR] --output results/summary.tsv
 
 Each dataset's paths, budget, generation plan and identity come from the config (budgetgen.settings):
-errors count only under the generation identities that count (budgetgen.identity).
+errors count only under the generation identities that count (budgetgen.identity). A dataset of several
+lanes (mixture cells, a validation split: budgetgen.mixture) is followed by a row per lane.
 """
 
 import argparse
 import os
 
+from budgetgen import prompts, state
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.settings import InferenceSettings, load_config
-from budgetgen.summary import dataset_row, format_tsv
+from budgetgen.status import compute_status
+from budgetgen.summary import add_rows_and_forecast, dataset_row, format_tsv, lane_rows, row_tokens_by_cell
+
+
+def cross_dataset_duplicates(settings):
+    """{dataset: how many of its prompts (by normalised content) another dataset of the config has too}."""
+    keys = {name: prompts.content_keys(prompts.load_prompts(s.paths.prompts, on_bad_line="skip").prompts)
+            for name, s in settings.items()}
+    return {name: len(mine & set().union(*(k for other, k in keys.items() if other != name)))
+            for name, mine in keys.items()}
 
 
 def main(argv=None, config=None):
@@ -26,10 +37,29 @@ def main(argv=None, config=None):
     if a.directory:
         os.chdir(a.directory)
     rows = []
-    for name in sorted(config["datasets"]):
-        s = InferenceSettings.from_config(config, name)
-        rows.append(dataset_row(name, s.paths.raw_responses, s.budget, s.paths.prompts, s.paths.errors,
-                                s.paths.tokenized, s.plan, s.policy.accepts))
+    all_settings = {name: InferenceSettings.from_config(config, name) for name in sorted(config["datasets"])}
+    shared = cross_dataset_duplicates(all_settings)
+    for name, s in all_settings.items():
+        row = dataset_row(name, s.paths.raw_responses, s.budget, s.paths.prompts, s.paths.errors,
+                          s.paths.tokenized, s.plan, s.policy.accepts)
+        tokenized = row_tokens_by_cell(s.paths.tokenized)
+        validation = row_tokens_by_cell(s.paths.validation) if s.mixture.validation_share > 0 else {}
+        add_rows_and_forecast(row, tokenized, validation, s.forecast)
+        row["cross_dataset_duplicates"] = shared[name]
+        if s.mixture.plain:
+            rows.append(row)
+            continue
+        st = compute_status(s)
+        lanes = state.lanes_of(st, s.mixture.budgets())
+        row["status"] = state.lanes_state(lanes)
+        for key, lane in lanes.items():
+            held = st["lanes"].get(key) or {}
+            lane.update(cell=held.get("cell", key.split("/")[0]), split=held.get("split", "train"),
+                        prompts=held.get("prompts", ""),
+                        errors=held.get("errors", 0), budget_share=(held.get("share") or 0)
+                        * (s.mixture.validation_share if held.get("split") == "validation"
+                           else 1 - s.mixture.validation_share))
+        rows += [row] + lane_rows(name, s.paths.raw_responses, lanes, tokenized, validation, s.forecast)
     text = format_tsv(rows)
     with atomic_output(a.output) as f:
         f.write(text)

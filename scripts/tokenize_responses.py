@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Make a dataset's training rows (rule `tokenize`): results/D/raw_responses.jsonl -> results/D/tokenized.arrow.
+"""Make a dataset's training rows (rule `tokenize`): results/D/raw_responses.jsonl -> results/D/tokenized.arrow,
+and (rule `tokenize_validation`, a dataset with a validation split) its validation rows -> results/D/validation.arrow.
 
-    python scripts/tokenize_responses.py --config config.yaml --dataset D [-d DIR] [--processes N]
+    python scripts/tokenize_responses.py --config config.yaml --dataset D [-d DIR] [--processes N] [--split S]
 
 A row is the prompt ids + the completion ids, loss_mask 1 on the completion (see
 budgetgen/tokenization.py). Every setting comes from the config's `tokenizer` section (validated, the
@@ -20,6 +21,9 @@ def parse_args(argv):
     add_dataset_arguments(ap)
     ap.add_argument("--processes", type=int, default=None,
                     help="the threads Snakemake granted the job (default: tokenizer.processes)")
+    ap.add_argument("--split", choices=("train", "validation"), default="train",
+                    help="the records of which split: train -> tokenized.arrow, validation -> validation.arrow "
+                         "(datasets.D.validation or generation.validation; default: train)")
     return ap.parse_args(argv)
 
 
@@ -31,11 +35,16 @@ def main(argv=None, config=None):
     s = TokenizeSettings.from_config(config, a.dataset, processes=a.processes)
     from budgetgen.tokenization import tokenize_file
 
-    tokenize_file(s.paths.raw_responses, s.paths.tokenized, s.tokenizer, s.max_length, processes=s.processes,
+    if a.split == "validation" and not s.validation:
+        raise UserError(f"--split validation: dataset {a.dataset} has no validation split (set validation.share)")
+    out = s.paths.validation if a.split == "validation" else s.paths.tokenized
+    tokenize_file(s.paths.raw_responses, out, s.tokenizer, s.max_length, processes=s.processes,
                   chat_template_kwargs=s.chat_template_kwargs,
-                  # on_settings_change: extend keeps the records of earlier settings: each row says its own
-                  allow_mixed_settings=s.allow_mixed_settings or s.policy.on_change == "extend",
-                  samples=s.samples,
+                  # on_settings_change: extend keeps the records of earlier settings, a mixture has one
+                  # identity per cell: each row says its own (identity and cell columns)
+                  allow_mixed_settings=s.allow_mixed_settings or s.policy.on_change == "extend"
+                  or len(s.policy.identities) > 1,
+                  samples=s.samples, split=a.split if s.validation else None,
                   use_server_token_ids=s.use_server_token_ids, config_sha256=s.config_sha256,
                   trust_remote_code=s.trust_remote_code, max_skipped_pct=s.max_skipped_pct,
                   reasoning_tags=s.reasoning_tags, log=lambda msg: print(msg, flush=True))
@@ -43,9 +52,10 @@ def main(argv=None, config=None):
 
 
 def argv_from_snakemake(smk):
-    """Rule `tokenize`: the dataset and the threads Snakemake granted; the config is Snakemake's own."""
+    """Rules `tokenize` and `tokenize_validation`: the dataset, the split and the threads Snakemake granted;
+    the config is Snakemake's own."""
     return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset,
-            "--processes", smk.threads]
+            "--processes", smk.threads, "--split", smk.params.split]
 
 
 if __name__ == "__main__":

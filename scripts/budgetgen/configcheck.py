@@ -115,6 +115,30 @@ def config_problem(config):
             return f"config key datasets.{ds}.prompts: file not found: {own['prompts']}"
         if generation_setting(config, ds, "token_budget") is None:
             return f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
+        problem = mixture_problem(config, ds)
+        if problem:
+            return problem
+    return None
+
+
+def mixture_problem(config, ds):
+    """A mixture whose shares do not sum to 1, or two of whose cells have the same generation settings
+    (one identity: their records could not be told apart), as one line naming the key; else None."""
+    from .settings import dataset_mixture
+
+    where = f"datasets.{ds}.mixture" if config["datasets"][ds].get("mixture") else "generation.mixture"
+    cells = config["datasets"][ds].get("mixture") or config["generation"].get("mixture")
+    if not cells:
+        return None
+    total = sum(float(c["share"]) for c in cells.values())
+    if abs(total - 1) > 1e-6:
+        return f"config key {where}: the cells' shares sum to {total:g}, not 1"
+    seen = {}
+    for cell in dataset_mixture(config, ds).cells:
+        other = seen.setdefault(cell.identity.sha, cell.name)
+        if other != cell.name:
+            return (f"config key {where}: cells {other} and {cell.name} have the same generation settings "
+                    f"(dataset {ds}); give each cell the settings that make it a cell")
     return None
 
 

@@ -1,5 +1,9 @@
 """Export a dataset to the layouts draft-model trainers read.
 
+Every record and row also carries its mixture cell (`cell`, budgetgen.mixture; extra fields both
+trainers pass over); a dataset with a validation split exports its validation rows the same way
+under export/validation/.
+
 - SpecForge (sgl-project/SpecForge): JSON Lines of {"id", "conversations": [{"role", "content"}]},
   which its data pipeline tokenizes with its own chat template. The generated turn keeps its
   `reasoning_content` beside `content`, for templates that render it.
@@ -34,8 +38,9 @@ from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
 
 
-def to_specforge(raw_path, out_path):
-    """raw_responses.jsonl -> SpecForge conversations JSONL; returns the record count."""
+def to_specforge(raw_path, out_path, split="train"):
+    """raw_responses.jsonl -> SpecForge conversations JSONL of the records of `split` (a record without
+    one is train); returns the record count."""
     n = 0
     try:
         src = open(raw_path, "rb")
@@ -51,7 +56,10 @@ def to_specforge(raw_path, out_path):
                          for m in rec["messages"]]
             except (ValueError, KeyError, TypeError) as exc:
                 raise UserError(f"{raw_path}:{lineno}: not a budgetgen response record ({exc})") from None
-            out.write(json.dumps({"id": rec["id"], "conversations": turns}, ensure_ascii=False) + "\n")
+            if (rec.get("split") or "train") != split:
+                continue
+            out.write(json.dumps({"id": rec["id"], "conversations": turns, "cell": rec.get("cell") or "default"},
+                                 ensure_ascii=False) + "\n")
             n += 1
     return n
 
@@ -72,7 +80,7 @@ def to_hf_dataset(tokenized_path, out_dir):
     return ds.num_rows
 
 
-PRETOKENIZED_FIELDS = ("id", "input_ids", "loss_mask")
+PRETOKENIZED_FIELDS = ("id", "input_ids", "loss_mask")  # and `cell`, where the rows have it
 
 
 def to_pretokenized_jsonl(tokenized_path, out_path):
@@ -96,6 +104,7 @@ def to_pretokenized_jsonl(tokenized_path, out_path):
             raise UserError(f"{tokenized_path}: not a budgetgen tokenized file (no column {', '.join(missing)})")
         for batch in reader:
             ids = batch.column("id").to_pylist()
+            cells = batch.column("cell").to_pylist() if "cell" in batch.schema.names else None
             tok_off, tok_val = _list_parts(batch.column("input_ids"), tokenized_path)
             mask_off, mask_val = _list_parts(batch.column("loss_mask"), tokenized_path)
             lines = []
@@ -105,7 +114,10 @@ def to_pretokenized_jsonl(tokenized_path, out_path):
                 if len(input_ids) != len(loss_mask):
                     raise UserError(f"{tokenized_path}: row {n + i} (id {row_id!r}): {len(input_ids)} input_ids "
                                     f"but {len(loss_mask)} loss_mask values")
-                lines.append(dumps({"id": row_id, "input_ids": input_ids, "loss_mask": loss_mask}))
+                row = {"id": row_id, "input_ids": input_ids, "loss_mask": loss_mask}
+                if cells is not None:
+                    row["cell"] = cells[i]
+                lines.append(dumps(row))
             if lines:
                 out.write("\n".join(lines) + "\n")
             n += len(ids)

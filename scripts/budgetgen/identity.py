@@ -145,38 +145,77 @@ def differences(old, new):
 
 @dataclass(frozen=True)
 class Policy:
-    """generation.on_settings_change under the current identity: which identities count."""
+    """generation.on_settings_change under the current identities: which identities count.
+
+    A dataset of one cell has one current identity; a mixture (budgetgen.mixture) one per cell, `cells`
+    ((name, Identity), ...) in config order, `current` the first. `layout`: the sha of the dataset's
+    lanes (cells, validation split) when it is not one plain cell; counts made under another layout
+    are not trusted (a prompt's split or cell may differ)."""
 
     current: Identity
     on_change: str = "refuse"
+    cells: tuple = ()
+    layout: str | None = None
+
+    @property
+    def identities(self):
+        """((cell name, Identity), ...): the cells now (one, `default`, for a dataset without a mixture)."""
+        return self.cells or (("default", self.current),)
+
+    @property
+    def shas(self):
+        return frozenset(i.sha for _, i in self.identities)
 
     def accepts(self, sha):
-        return self.on_change == "extend" or sha == self.current.sha
+        return self.on_change == "extend" or sha in self.shas
 
     def key(self):
         """What the status and the done marker record: counts made under another key are not trusted."""
-        return {"identity": self.current.sha, "on_settings_change": self.on_change}
+        return {"identity": self.layout or self.current.sha, "on_settings_change": self.on_change}
+
+    def cell_of(self, sha, named=None):
+        """The cell a record of identity `sha` belongs to: the cell of that identity now; else (extend)
+        the cell its records name (`named`) when that cell still exists, else the first cell."""
+        for name, ident in self.identities:
+            if ident.sha == sha:
+                return name
+        names = [n for n, _ in self.identities]
+        return named if named in names else names[0]
 
     def changes(self, by_identity):
-        """The settings that differ (`key old -> new`) when the journal's records (`by_identity`: {sha:
-        journal.IdentityCount}) were made under other settings and this policy refuses that, else None
-        (nothing to refuse: regenerate or extend, no records of other settings, or records of the
-        current settings already there)."""
+        """The settings that differ (`key old -> new`; `cell C: key old -> new` in a mixture) when the
+        journal's records (`by_identity`: {sha: journal.IdentityCount}) were made under other settings
+        and this policy refuses that, else None (nothing to refuse: regenerate or extend, no records of
+        other settings, or records of the current settings of their cell already there)."""
         if self.on_change != "refuse":
             return None
-        others = {sha: c for sha, c in by_identity.items() if sha != self.current.sha and c.records}
-        mine = by_identity.get(self.current.sha)
-        if not others or (mine is not None and mine.records):
+        mine = dict(self.identities)
+        held = lambda sha: by_identity.get(sha) is not None and by_identity[sha].records > 0  # noqa: E731
+        refused = []
+        for sha, c in by_identity.items():
+            if sha in self.shas or not c.records:
+                continue
+            cell = getattr(c, "cell", None)
+            if cell in mine and len(mine) > 1:
+                if not held(mine[cell].sha):
+                    refused.append((c, cell))
+            elif not any(held(i.sha) for i in mine.values()):
+                refused.append((c, None))
+        if not refused:
             return None
-        _, most = max(others.items(), key=lambda kv: kv[1].records)
-        return differences(most.settings or {}, self.current.settings) or ["settings differ"]
+        most, cell = max(refused, key=lambda cc: cc[0].records)
+        old = most.settings or {}
+        if cell is None:  # the cell now closest to the old settings
+            cell = min(mine, key=lambda n: len(differences(old, mine[n].settings)))
+        prefix = f"cell {cell}: " if len(mine) > 1 else ""
+        return [prefix + d for d in differences(old, mine[cell].settings)] or [prefix + "settings differ"]
 
     def refusal(self, dataset, by_identity):
         """The one-line refusal of a settings change (see changes()), or None."""
         changed = self.changes(by_identity)
         if changed is None:
             return None
-        held = sum(c.records for sha, c in by_identity.items() if sha != self.current.sha)
+        held = sum(c.records for sha, c in by_identity.items() if sha not in self.shas)
         return (f"dataset {dataset}: its journal holds {held} records made under other generation settings "
                 f"({'; '.join(changed)}); nothing was requested. Restore those settings, use a new dataset name, "
                 "or set generation.on_settings_change: regenerate (old records kept in the journal, out of the "

@@ -9,7 +9,10 @@ Order of events:
      seeded order of conversations, at most `concurrency` in flight, while the budget rule
      (budget.DispatchPolicy) allows; journal each response the moment it completes. A conversation's
      next turn joins the head of the queue once its previous turn is journaled (a new request to the
-     budget rule), sent to the endpoint its earlier turns went to;
+     budget rule), sent to the endpoint its earlier turns went to. Each lane (budgetgen.mixture: a
+     mixture cell in a split; one for a plain dataset) has its own queue, budget line and budget rule,
+     and claims the next unclaimed prompt of its split when its queue runs dry; the lane furthest
+     from its budget line that its rule lets dispatch goes first;
   5. on SIGTERM/SIGINT stop dispatching, cancel what is in flight, fsync, exit non-zero;
   6. when the budget is met or the prompts are exhausted, write the done marker atomically.
 
@@ -27,13 +30,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from . import conversations, journal, prompts
+from . import conversations, journal, mixture
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError, terminal
+from .forecast import human_bytes
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
 from .settings import InferenceSettings
+from .state import lanes_state
+from .status import scan_lanes
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +105,11 @@ class RunStats:
                 f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {inflight} ({streaming} tokens streamed), "
                 f"queued {queued}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
 
-    def terminal_line(self, dataset, journaled, budget, inflight, state="running"):
+    def terminal_line(self, dataset, journaled, budget, inflight, state="running", rates=None):
         """The compact line for the run's terminal: dataset name first, fixed columns, so the lines of
-        several datasets running at once stay readable (terminal_line_pattern reads it back)."""
-        _, tps = self.rates.rates()
+        several datasets running at once stay readable (TERMINAL_LINE reads it back). `rates`: a lane's
+        (`D/CELL`), else the dataset's."""
+        _, tps = (rates or self.rates).rates()
         pct = 100.0 * journaled.tokens / budget if budget else 100.0
         left = budget - journaled.tokens
         eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
@@ -158,15 +165,16 @@ class PermanentErrors:
 
     FAILURE_STREAK = 20
 
-    def __init__(self, path, params, identity):
-        self.path, self.params, self.identity = path, params, identity
+    def __init__(self, path):
+        self.path = path
         self.pending = []
         self.streak_status, self.streak = None, 0
 
-    def add(self, gen_id, messages, exc, where=None):
-        self.pending.append({"id": gen_id, "identity": self.identity.sha, **(where or {}), "messages": messages,
-                             "status": exc.status, "error": exc.message, "identity_settings": self.identity.settings,
-                             "params": self.params, "created": round(time.time(), 3), "usage": {}})
+    def add(self, gen_id, messages, exc, identity, params, where=None):
+        """`identity`, `params`: those of the lane (mixture cell) that made the request."""
+        self.pending.append({"id": gen_id, "identity": identity.sha, **(where or {}), "messages": messages,
+                             "status": exc.status, "error": exc.message, "identity_settings": identity.settings,
+                             "params": params, "created": round(time.time(), 3), "usage": {}})
         self.streak = self.streak + 1 if self.streak_status == exc.status else 1
         self.streak_status = exc.status
         if self.streak >= self.FAILURE_STREAK:
@@ -189,11 +197,13 @@ class PermanentErrors:
 
 @dataclass(frozen=True)
 class Generation:
-    """One request to make: turn k of a chain, after `previous` (turn k-1's journal record; None for k 1)."""
+    """One request to make: turn k of a chain, after `previous` (turn k-1's journal record; None for k 1),
+    for the lane (LaneRun key) that holds its prompt."""
 
     chain: conversations.Chain
     k: int
     previous: dict | None = None
+    lane: str = mixture.DEFAULT_CELL
 
     @property
     def id(self):
@@ -201,26 +211,74 @@ class Generation:
 
 
 @dataclass
-class RunState:
-    """What prepare() finds: the prompts and their chains (conversations × samples), what is left to ask
-    (in dispatch order), the journal's counts, the generations failed permanently under this run's
-    request params, and the budget rule."""
+class LaneRun:
+    """One lane in this run (budgetgen.mixture): its budget line, the chains of the prompts it holds,
+    what is left to ask of them (continuations first), its counts, its permanent errors, its budget
+    rule over its own lengths."""
 
-    prompt_ids: set
-    chains: list
+    lane: mixture.Lane
     queue: deque
-    journaled: journal.JournalState
+    chains: list
+    tokens: int
+    records: int
     errored: set
-    params: dict
     lengths: LengthModel
     policy: DispatchPolicy
+    rates: object = None
+
+    @property
+    def key(self):
+        return self.lane.key
+
+    @property
+    def cell(self):
+        return self.lane.cell
+
+    def where(self):
+        """What a record of this lane says of it, before its conversation place."""
+        return {"cell": self.cell.name, "split": self.lane.split}
+
+    def claim(self, prompt):
+        """Take an unclaimed prompt of the lane's split: its chains join the end of the queue."""
+        for chain in conversations.chains([prompt], self.cell.plan):
+            self.chains.append(chain)
+            self.queue.append(Generation(chain, 1, lane=self.key))
+
+    def lane_summary(self):
+        return {"cell": self.cell.name, "split": self.lane.split, "share": self.cell.share,
+                "identity": self.cell.identity.sha}
+
+    def nothing_left(self, journaled_ids, pool):
+        return conversations.left(self.chains, journaled_ids, self.errored).to_ask <= 0 and not pool
+
+
+@dataclass
+class RunState:
+    """What prepare() finds: the prompts, the lanes with what each has left to ask (in dispatch order),
+    the unclaimed prompts of each split (in dispatch order), the journal's counts and the generations
+    failed permanently under the identities that count now."""
+
+    prompt_ids: set
+    lanes: dict  # lane key -> LaneRun, in the mixture's order
+    pool: dict  # split -> deque of prompts.Prompt no lane holds yet
+    journaled: journal.JournalState
+    errored: set
+
+    @property
+    def chains(self):
+        return [c for lr in self.lanes.values() for c in lr.chains]
+
+    def queued(self):
+        return sum(len(lr.queue) for lr in self.lanes.values()) + sum(len(p) for p in self.pool.values())
 
 
 def prepare(s):
     """Lock the journal and read where the dataset stands; returns (lock, RunState)."""
-    pset = prompts.load_prompts(s.paths.prompts, on_bad_line=s.on_bad_line)
+    pset = s.load_prompts()
     log.info(f"Prompts: {len(pset.prompts)} unique in {s.paths.prompts} ({pset.duplicates} duplicates dropped, "
-             f"{len(pset.skipped)} bad lines skipped)")
+             f"{len(pset.skipped)} bad lines skipped"
+             + (f", {pset.in_earlier} left to an earlier dataset (generation.dedup_across_datasets)"
+                if pset.in_earlier else "") + ")")
     for line, reason in pset.skipped[:20]:
         log.info(f"  skipped {s.paths.prompts}:{line}: {reason}")
     lock = journal.JournalLock(s.paths.journal).acquire()
@@ -235,8 +293,8 @@ def prepare(s):
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        policy, samples = s.policy, s.plan.samples
-        journaled = journal.scan(s.paths.journal, repair=True, accepts=policy.accepts, samples=samples)
+        policy, samples, mix = s.policy, s.plan.samples, s.mixture
+        journaled = scan_lanes(s, pset.prompts, repair=True)
         if journaled.repaired_bytes:
             log.info(f"Repaired torn journal tail: dropped {journaled.repaired_bytes} bytes")
         if journaled.duplicates:
@@ -251,41 +309,68 @@ def prepare(s):
     except BaseException:
         lock.release()
         raise
-    log.info(f"Generation identity {policy.current.sha} ({policy.current.settings_json}); "
-             f"on_settings_change: {policy.on_change}")
-    others = {sha: c for sha, c in journaled.by_identity.items() if sha != policy.current.sha}
+    for name, ident in policy.identities:
+        log.info(f"Generation identity{'' if mix.plain else ' of cell ' + name} {ident.sha} ({ident.settings_json}); "
+                 f"on_settings_change: {policy.on_change}")
+    others = {sha: c for sha, c in journaled.by_identity.items() if sha not in policy.shas}
     if others:
         kept = "counted toward the budget and kept in the outputs" if policy.on_change == "extend" else \
             "kept in the journal, out of every count and output"
         log.info(f"Journal holds records of {len(others)} other identities "
                  f"({sum(c.records for c in others.values())} records, {sum(c.tokens for c in others.values())} "
                  f"tokens): {kept} (generation.on_settings_change: {policy.on_change})")
-    params = s.request_params()
     by_identity = journal.errors_by_identity(s.paths.errors, samples)
-    errored = set(by_identity.get(policy.current.sha, ()))
+    accounts, pool = mixture.account(mix, policy, pset.prompts, journaled, by_identity)
+    errored = set().union(*(by_identity.get(sha, set()) for sha in policy.shas))
     elsewhere = set().union(*by_identity.values()) - errored - journaled.ids
     log.info(f"Resuming: {journaled.records} already done ({journaled.tokens} tokens)"
              + (f", {len(errored)} failed permanently earlier" if errored else "")
              + (f", {len(elsewhere)} failed earlier under other settings (asked again)" if elsewhere else ""))
     log.info(f"remaining budget: {max(0, s.budget - journaled.tokens)} of {s.budget} tokens")
-    chain_list = conversations.chains(pset.prompts, s.plan)
-    by_id = {c.id: c for c in chain_list}
-    started, fresh = [], []
-    for cid in prompts.dispatch_order(by_id, s.seed):
-        c = by_id[cid]
-        k = c.first_missing(journaled.ids)
-        if k is not None and c.turn_id(k) not in errored:
-            (started if k > 1 else fresh).append((c, k))
+    if not mix.plain:
+        log.info("Lanes: " + "; ".join(
+            f"{k} {a.tokens}/{a.lane.budget} tokens (share {a.lane.cell.share:g}"
+            f"{', validation ' + format(mix.validation_share, 'g') if a.lane.split == mixture.VALIDATION else ''}), "
+            f"{len(a.prompts)} prompts held" for k, a in accounts.items())
+            + "; unclaimed prompts: " + ", ".join(f"{split} {len(ps)}" for split, ps in pool.items()))
+    lanes, started_all = {}, []
+    for key, acc in accounts.items():
+        started, fresh = [], []
+        for c in acc.chains:
+            k = c.first_missing(journaled.ids)
+            if k is not None and c.turn_id(k) not in errored:
+                (started if k > 1 else fresh).append((c, k))
+        started_all += [(key, c, k) for c, k in started]
+        got = journaled.lanes.get(key)
+        lengths = LengthModel(acc.lane.cell.max_tokens, got.lengths if got else ())
+        queue = deque(Generation(c, k, lane=key) for c, k in fresh)
+        lanes[key] = LaneRun(acc.lane, queue, list(acc.chains), acc.tokens, acc.records,
+                             errored & {g for c in acc.chains for g in c.ids()}, lengths,
+                             DispatchPolicy(acc.lane.budget, lengths), Rates())
     # conversations under way continue first, each from its last journaled turn
-    previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for c, k in started],
+    previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for _, c, k in started_all],
                                      accepts=policy.accepts, samples=samples)
-    queue = deque(Generation(c, k, previous[c.turn_id(k - 1)]) for c, k in started)
-    queue.extend(Generation(c, k) for c, k in fresh)
-    if started:
-        log.info(f"Conversations under way: {len(started)} continue from their last journaled turn")
-    lengths = LengthModel(s.max_tokens, journaled.lengths)
-    return lock, RunState({p.id for p in pset.prompts}, chain_list, queue, journaled, errored, params, lengths,
-                          DispatchPolicy(s.budget, lengths))
+    for key, c, k in reversed(started_all):
+        lanes[key].queue.appendleft(Generation(c, k, previous[c.turn_id(k - 1)], lane=key))
+    if started_all:
+        log.info(f"Conversations under way: {len(started_all)} continue from their last journaled turn")
+    log_forecast(s, journaled)
+    return lock, RunState({p.id for p in pset.prompts}, lanes, {k: deque(v) for k, v in pool.items()}, journaled,
+                          errored)
+
+
+def log_forecast(s, journaled):
+    """The storage forecast of an EAGLE-3 hidden-state dump of the full budget's rows (budgetgen.forecast):
+    completion tokens plus the prompt tokens per completion token the journal shows so far."""
+    shape = s.forecast
+    if shape is None:
+        return
+    ratio = journaled.prompt_tokens / journaled.tokens if journaled.tokens else None
+    tokens = s.budget * (1 + (ratio or 0))
+    log.info(f"Storage forecast: an EAGLE-3 hidden-state dump of this dataset's rows at its full budget needs about "
+             f"{human_bytes(shape.bytes_for(tokens))} ({tokens:,.0f} row tokens x {shape.describe()}"
+             + (f"; prompt tokens at {ratio:.2f} per completion token, as journaled so far)" if ratio is not None else
+                "; completion tokens only, prompt tokens unknown until responses are journaled)"))
 
 
 class InferenceJob:
@@ -293,6 +378,7 @@ class InferenceJob:
         self.s = settings
         self.stop_signal = None
         self.inflight = {}  # task -> StreamProgress of its prompt's current attempt
+        self.task_lane = {}  # task -> the LaneRun it generates for
         self.deferred = []  # prompts whose retries ran out this run
         self.failed = None  # an exception a background task (fsync clock) died of
         self.last_ok = time.monotonic()
@@ -303,6 +389,7 @@ class InferenceJob:
     # -- requests ------------------------------------------------------------------------
     async def run_one(self, gen, progress):
         s, rs = self.s, self.run_state
+        lr = rs.lanes[gen.lane]
         chain, gid = gen.chain, gen.id
         messages = chain.request(gen.k, gen.previous)
         # the turns of a conversation stay on one endpoint (its prefix cache holds their history)
@@ -316,7 +403,7 @@ class InferenceJob:
                 progress.add(n, time.monotonic())
 
             try:
-                res = await self.client.chat(messages, rs.params, on_token=on_token,
+                res = await self.client.chat(messages, lr.cell.params, on_token=on_token,
                                              return_token_ids=s.return_token_ids, affinity=affinity)
             except TransientError as exc:
                 self.stats.discarded_tokens += progress.seen
@@ -333,42 +420,60 @@ class InferenceJob:
                 self.stats.discarded_tokens += progress.seen
                 self.stats.errors += 1
                 rs.errored.add(gid)
+                lr.errored.add(gid)
                 ended = f"; conversation {chain.id} ends at turn {gen.k - 1} of {chain.n_turns}" if gen.k > 1 else ""
                 log.info(f"error (not retried) for {gid}: {exc}{ended}")
-                self.errors.add(gid, messages, exc, chain.where(gen.k))
+                self.errors.add(gid, messages, exc, lr.cell.identity, lr.cell.params,
+                                {**lr.where(), **chain.where(gen.k)})
                 self.client.pool.forget(chain.id)
                 return
             break
         self.last_ok = time.monotonic()
-        rec = journal.response_record(gid, messages, res, s.identity, rs.params, t0, retries.attempts + 1,
-                                      chain.where(gen.k))
+        rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, retries.attempts + 1,
+                                      {**lr.where(), **chain.where(gen.k)})
         self.writer.append(rec)
-        if gen.k < chain.n_turns:  # the next turn: a new request, at the head of the queue
-            rs.queue.appendleft(Generation(chain, gen.k + 1, rec))
+        if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue
+            lr.queue.appendleft(Generation(chain, gen.k + 1, rec, lane=lr.key))
         else:
             self.client.pool.forget(chain.id)
         tokens = int(res.usage.get("completion_tokens") or 0)
         rs.journaled.ids.add(gid)
         rs.journaled.tokens += tokens
         rs.journaled.records += 1
-        rs.lengths.observe(tokens)
+        lr.tokens += tokens
+        lr.records += 1
+        lr.lengths.observe(tokens)
+        lr.rates.add(tokens)
         self.stats.rates.add(tokens)
         self.stats.responses += 1
         self.errors.success()
 
     # -- progress ------------------------------------------------------------------------
     def progress_line(self):
-        return self.stats.progress_line(self.run_state.journaled, self.s.budget, len(self.inflight),
-                                        sum(p.seen for p in self.inflight.values()), len(self.run_state.queue))
+        rs = self.run_state
+        line = self.stats.progress_line(rs.journaled, self.s.budget, len(self.inflight),
+                                        sum(p.seen for p in self.inflight.values()), rs.queued())
+        if len(rs.lanes) > 1:
+            line += "; lanes: " + ", ".join(f"{k} {lr.tokens}/{lr.lane.budget}" for k, lr in rs.lanes.items())
+        return line
 
     def to_terminal(self, state="running"):
         """The compact progress line on the run's terminal (errors.terminal(): under Snakemake, where
-        the log lines go to the rule's log); nothing when the job runs from the command line."""
+        the log lines go to the rule's log), and one per lane (`D/CELL`) for a dataset of several;
+        nothing when the job runs from the command line."""
         out = terminal()
         if out is not None:
             rs = self.run_state
             out.write(self.stats.terminal_line(self.s.dataset, rs.journaled, self.s.budget, len(self.inflight),
                                                state) + "\n")
+            if len(rs.lanes) > 1:
+                for k, lr in rs.lanes.items():
+                    counts = journal.JournalState(path="", tokens=lr.tokens, records=lr.records)
+                    lane_state = state if not state.startswith("done") else \
+                        f"done: {'met' if lr.tokens >= lr.lane.budget else 'exhausted'}"
+                    out.write(self.stats.terminal_line(f"{self.s.dataset}/{k}", counts, lr.lane.budget,
+                                                       sum(1 for t in self.inflight if self.task_lane.get(t) is lr),
+                                                       lane_state, rates=lr.rates) + "\n")
 
     async def progress_loop(self):
         # Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
@@ -403,8 +508,8 @@ class InferenceJob:
         s = self.s
         self.lock, self.run_state = prepare(s)
         rs = self.run_state
-        self.errors = PermanentErrors(s.paths.errors, rs.params, s.identity)
-        if rs.journaled.tokens >= s.budget or not rs.queue:
+        self.errors = PermanentErrors(s.paths.errors)
+        if not any(lr.tokens < lr.lane.budget and (lr.queue or rs.pool[lr.lane.split]) for lr in rs.lanes.values()):
             return self.finish()
         api_key = None
         if s.api_key_env:
@@ -476,7 +581,8 @@ class InferenceJob:
         first = self.errors.first()
         failed = f"{self.stats.errors} requests of this run failed permanently (first: {first['id']}: HTTP " \
                  f"{first['status']}: {first['error'][:200]})"
-        probe = next((c for c in rs.chains if c.turn_id(1) in rs.journaled.ids), None)
+        probe, lr = next(((c, lr) for lr in rs.lanes.values() for c in lr.chains if c.turn_id(1) in rs.journaled.ids),
+                         (None, None))
         if probe is None:
             raise UserError(f"no response from the server for any prompt of this run: {failed}; nothing recorded; "
                             f"{likely_setting(first['error'], s)}")
@@ -485,7 +591,7 @@ class InferenceJob:
         retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
         while True:
             try:
-                await self.client.chat(probe.request(1), rs.params, return_token_ids=s.return_token_ids)
+                await self.client.chat(probe.request(1), lr.cell.params, return_token_ids=s.return_token_ids)
                 break
             except TransientError as exc:
                 delay = retries.delay_after(exc, max(self.last_ok, self.client.last_byte), self.client.urls)
@@ -500,21 +606,37 @@ class InferenceJob:
         log.info(f"{probe.turn_id(1)} answered: the server works under these settings; the errors are the prompts'")
         self.errors.success()
 
-    def generated_in_flight(self):
+    def generated_in_flight(self, lane):
         now = time.monotonic()
-        return [p.generated(now) for p in self.inflight.values()]
+        return [p.generated(now) for t, p in self.inflight.items() if self.task_lane[t] is lane]
+
+    def next_generation(self):
+        """The next request: from the lane furthest from its budget line (by share of it journaled)
+        whose budget rule lets it dispatch and that has a generation to ask or an unclaimed prompt of
+        its split to take; None when no lane may."""
+        rs = self.run_state
+        ready = [lr for lr in rs.lanes.values() if (lr.queue or rs.pool[lr.lane.split])
+                 and lr.policy.may_dispatch(lr.tokens, self.generated_in_flight(lr))]
+        if not ready:
+            return None
+        lr = min(ready, key=lambda x: x.tokens / x.lane.budget if x.lane.budget else float("inf"))
+        if not lr.queue:
+            lr.claim(rs.pool[lr.lane.split].popleft())
+        return lr.queue.popleft()
 
     async def dispatch_loop(self):
         s, rs = self.s, self.run_state
         while self.stop_signal is None:
             if self.failed is not None:
                 raise self.failed
-            while (len(self.inflight) < s.concurrency and rs.queue
-                   and rs.policy.may_dispatch(rs.journaled.tokens, self.generated_in_flight())):
-                gen = rs.queue.popleft()
+            while len(self.inflight) < s.concurrency:
+                gen = self.next_generation()
+                if gen is None:
+                    break
                 progress = StreamProgress()
                 task = asyncio.create_task(self.run_one(gen, progress))
                 self.inflight[task] = progress
+                self.task_lane[task] = rs.lanes[gen.lane]
             if not self.inflight:
                 return
             self.wake.clear()
@@ -525,6 +647,7 @@ class InferenceJob:
                 if task is waiter:
                     continue
                 self.inflight.pop(task)
+                self.task_lane.pop(task, None)
                 exc = task.exception()
                 if isinstance(exc, ServerDown):
                     raise UserError(str(exc))
@@ -534,9 +657,12 @@ class InferenceJob:
     def finish(self):
         s, rs, stats = self.s, self.run_state, self.stats
         st = rs.journaled
-        met = st.tokens >= s.budget
+        lanes = {k: {"tokens": lr.tokens, "budget": lr.lane.budget, "responses": lr.records,
+                     "exhausted": not self.deferred and lr.nothing_left(st.ids, rs.pool[lr.lane.split])}
+                 for k, lr in rs.lanes.items()}
+        state = lanes_state(lanes)
+        met = state == "met"
         left = conversations.left(rs.chains, st.ids, rs.errored)
-        exhausted = not self.deferred and left.to_ask == 0
         log.info(self.progress_line())
         if self.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
             if st.records:
@@ -544,7 +670,7 @@ class InferenceJob:
             log.info(f"{len(self.deferred)} requests still failing after {s.max_retries} retries; rerun to retry them")
             self.to_terminal(f"partial: {len(self.deferred)} requests still failing; rerun")
             return 1
-        if exhausted and not met and st.records == 0:
+        if state == "exhausted" and st.records == 0:
             # errors alone never make a dataset "exhausted": without one response there is no proof
             # that the prompts, not the server or the settings, are at fault (nothing is recorded)
             first = self.errors.first()
@@ -552,12 +678,15 @@ class InferenceJob:
             raise UserError(f"no response from the server for any prompt: {stats.errors} failed permanently "
                             f"in this run{why}; nothing recorded; fix the server or settings and rerun")
         self.errors.flush()
-        state = "met" if met else ("exhausted" if exhausted else "partial")
         log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses, budget {s.budget} "
                  f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} tokens, "
                  f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
                  + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
                     f"{left.chains_ended_by_error} ended by an error" if s.plan.turns == "all" else ""))
+        if len(lanes) > 1:
+            log.info("Lanes: " + "; ".join(
+                f"{k}: {v['tokens']}/{v['budget']} ({overshoot_pct(v['tokens'], v['budget']):+.3f}%), "
+                f"{v['responses']} responses, {lanes_state({k: v})}" for k, v in lanes.items()))
         self.to_terminal(f"done: {state}")
         if state == "partial":
             return 1
@@ -567,6 +696,7 @@ class InferenceJob:
             "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
             "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,
             "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4), **s.policy.key(),
+            "lanes": {k: {**rs.lanes[k].lane_summary(), **v} for k, v in lanes.items()},
             "wall_s": round(time.monotonic() - stats.started, 2),
         })
         return 0

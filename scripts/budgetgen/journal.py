@@ -31,6 +31,7 @@ from .errors import UserError
 
 _ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
+_PROMPT_TAIL = re.compile(r'"prompt_tokens": ?(\d+)')
 
 
 @dataclass
@@ -40,6 +41,16 @@ class IdentityCount:
     records: int = 0
     tokens: int = 0
     settings: dict | None = None
+    cell: str | None = None  # the mixture cell its first record names (budgetgen.mixture)
+
+
+@dataclass
+class LaneCount:
+    """The counted records of one lane (a mixture cell in one split, budgetgen.mixture)."""
+
+    records: int = 0
+    tokens: int = 0
+    lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
 
 
 @dataclass
@@ -53,8 +64,11 @@ class JournalState:
     records: int = 0
     duplicates: int = 0
     lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
+    prompt_tokens: int = 0  # usage.prompt_tokens of the counted records (the storage forecast)
     repaired_bytes: int = 0
     by_identity: dict = field(default_factory=dict)  # identity sha -> IdentityCount, counted or not
+    lanes: dict = field(default_factory=dict)  # lane key -> LaneCount (scan(lane_of=)), counted records only
+    id_lane: dict = field(default_factory=dict)  # counted id -> its lane key (scan(lane_of=))
 
 
 def repair_tail(path):
@@ -147,11 +161,12 @@ def parse_line(line, where):
     return str(rec["id"]), tokens, rec
 
 
-def scan(path, repair=False, accepts=None, samples=1):
+def scan(path, repair=False, accepts=None, samples=1, lane_of=None):
     """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
     first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
     by default); `samples`: the configured samples_per_prompt, for records written before identities
-    (identity.legacy_identity). Lines are parsed in full only where the head and tail do not say
+    (identity.legacy_identity); `lane_of(sha, id, cell named by the identity's records) -> key`: the lane a counted record
+    belongs to (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in full only where the head and tail do not say
     enough (a record without a stored identity; an identity's first record, for its settings)."""
     from .identity import record_settings, record_sha
 
@@ -168,7 +183,8 @@ def scan(path, repair=False, accepts=None, samples=1):
             sha, settings = record_sha(rec, samples), record_settings(rec, samples)
         count = state.by_identity.get(sha)
         if count is None:
-            count = state.by_identity[sha] = IdentityCount(settings=settings)
+            cell = rec.get("cell")
+            count = state.by_identity[sha] = IdentityCount(settings=settings, cell=cell if isinstance(cell, str) else None)
         count.records += 1
         count.tokens += tokens
         if accepts is not None and not accepts(sha):
@@ -180,6 +196,16 @@ def scan(path, repair=False, accepts=None, samples=1):
         state.tokens += tokens
         state.records += 1
         state.lengths.append(tokens)
+        prompt = _PROMPT_TAIL.search(line, max(0, line.rfind('"usage":')))
+        state.prompt_tokens += int(prompt.group(1)) if prompt else 0
+        if lane_of is not None:
+            key = state.id_lane[rid] = lane_of(sha, rid, count.cell)
+            lane = state.lanes.get(key)
+            if lane is None:
+                lane = state.lanes[key] = LaneCount()
+            lane.records += 1
+            lane.tokens += tokens
+            lane.lengths.append(tokens)
     return state
 
 

@@ -72,6 +72,7 @@ class PromptSet:
     duplicates: int = 0  # lines dropped: id already seen with the same messages
     skipped: list = field(default_factory=list)  # list[(line, reason)] under on_bad_line="skip"
     lines: int = 0  # non-blank lines read
+    in_earlier: int = 0  # left out: their content is in an earlier dataset (generation.dedup_across_datasets)
 
 
 class _Bad(Exception):
@@ -348,6 +349,26 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
             )
         raise UserError(f"{path}: no prompts found ({'only blank lines' if data else 'the file is empty'})")
     return result
+
+
+def content_keys(prompt_list):
+    """The normalised contents (stable_id of the messages) of prompts: the same under any id."""
+    return {stable_id(p.messages) for p in prompt_list}
+
+
+def without_earlier(pset, earlier_paths, on_bad_line="error"):
+    """`pset` less the prompts whose normalised content is in one of the `earlier_paths` prompts files
+    (generation.dedup_across_datasets: each prompt kept in the first dataset only); counted in
+    pset.in_earlier. One line when that leaves no prompt."""
+    seen = set()
+    for path in earlier_paths:
+        seen |= content_keys(load_prompts(path, on_bad_line=on_bad_line).prompts)
+    kept = [p for p in pset.prompts if stable_id(p.messages) not in seen]
+    pset.in_earlier = len(pset.prompts) - len(kept)
+    if not kept:
+        raise UserError(f"{pset.path}: every prompt is in an earlier dataset (generation.dedup_across_datasets)")
+    pset.prompts = kept
+    return pset
 
 
 def _blank_unicode(raw):

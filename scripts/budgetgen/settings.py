@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .conversations import Plan
 from .errors import UserError
 from .identity import Identity, Policy, settings_of
+from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
 from .params import params_sha256, request_params
 
 SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -27,8 +28,9 @@ SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 # Settings that change what a dataset's data is (not how fast or how robustly it is made).
 # The generation identity (budgetgen.identity) is the part of them that shapes each generation.
 CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
-                           "history_reasoning", "samples_per_prompt", "on_settings_change")
-# Tokenizer settings that change the rows (processes only changes the speed).
+                           "history_reasoning", "samples_per_prompt", "on_settings_change", "mixture", "validation")
+# Tokenizer settings that change the rows (processes only changes the speed; the forecast keys only
+# the summary).
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
 
@@ -116,9 +118,37 @@ def generation_identity(config, dataset):
     return Identity.of(settings_of(dataset_request_params(config, dataset), generation_plan(config, dataset)))
 
 
+def dataset_mixture(config, dataset):
+    """The dataset's cells and validation split (budgetgen.mixture): each cell's settings are its own
+    overrides over the dataset's (extra_body merged); without a mixture, one cell `default` with the
+    dataset's settings (its identity is generation_identity's)."""
+    g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
+    cells = []
+    for name, own in (g("mixture") or {DEFAULT_CELL: {"share": 1.0}}).items():
+        c = lambda key: own[key] if key in own else g(key)  # noqa: E731,B023
+        params = request_params(config["server"]["model"], c("max_tokens"), c("temperature"), c("top_p"),
+                                merged_extra_body(g("extra_body"), own.get("extra_body")))
+        plan = Plan(turns=c("turns"), samples=int(c("samples_per_prompt")), history_reasoning=c("history_reasoning"))
+        cells.append(Cell(name, float(own["share"]), params, plan, Identity.of(settings_of(params, plan))))
+    validation = float((g("validation") or {}).get("share", 0))
+    return Mixture.of(cells, token_budget(config, dataset), validation, int(g("seed")))
+
+
 def settings_policy(config, dataset):
-    """The identity now and generation.on_settings_change: which journal records count."""
-    return Policy(generation_identity(config, dataset), generation_setting(config, dataset, "on_settings_change"))
+    """The identities now (one per cell) and generation.on_settings_change: which journal records count."""
+    mix = dataset_mixture(config, dataset)
+    cells = () if len(mix.cells) == 1 else tuple((c.name, c.identity) for c in mix.cells)
+    return Policy(mix.cells[0].identity, generation_setting(config, dataset, "on_settings_change"), cells=cells,
+                  layout=mix.layout_sha())
+
+
+def earlier_prompts(config, dataset):
+    """The prompts files of the datasets before this one in the config, whose prompts this one leaves out
+    under generation.dedup_across_datasets (else none)."""
+    if not config["generation"].get("dedup_across_datasets"):
+        return ()
+    names = list(config["datasets"])
+    return tuple(DatasetPaths.of(config, d).prompts for d in names[: names.index(dataset)])
 
 
 def content_settings(config, dataset):
@@ -149,6 +179,7 @@ class DatasetPaths:
     done: str
     raw_responses: str
     tokenized: str
+    validation: str  # the validation split's rows (budgetgen.mixture), beside tokenized.arrow
     inference_log: str
     server_log: str
 
@@ -160,6 +191,7 @@ class DatasetPaths:
         return cls(dataset=dataset, prompts=prompts, journal=f"{base}/journal.jsonl", errors=f"{base}/errors.jsonl",
                    status=f"{base}/budget_status.json", done=f"{base}/inference.done",
                    raw_responses=f"{base}/raw_responses.jsonl", tokenized=f"{base}/tokenized.arrow",
+                   validation=f"{base}/validation.arrow",
                    inference_log=f"logs/inference/{dataset}.log", server_log=f"logs/server/{dataset}.log")
 
 
@@ -193,8 +225,11 @@ class InferenceSettings:
     model_path: str | None
     launch_port: int
     launch_ready_timeout_s: float
-    plan: Plan
-    policy: Policy  # the generation identity now, and what a journal made under other settings means
+    plan: Plan  # the dataset's own (its first cell's under a mixture: for records written before identities)
+    policy: Policy  # the generation identities now, and what a journal made under other settings means
+    mixture: Mixture  # the cells and validation split: one lane per cell and split, each with its budget
+    earlier_prompts: tuple  # generation.dedup_across_datasets: the earlier datasets' prompts files
+    forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
 
     @classmethod
     def from_config(cls, config, dataset, slots=None):
@@ -222,7 +257,8 @@ class InferenceSettings:
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),
             launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
-            policy=settings_policy(config, dataset),
+            policy=settings_policy(config, dataset), mixture=dataset_mixture(config, dataset),
+            earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
         )
 
     @property
@@ -236,6 +272,25 @@ class InferenceSettings:
     def request_params(self):
         """The request parameters that affect content; recorded with every response and error."""
         return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
+
+    def load_prompts(self):
+        """The dataset's prompts (prompts.PromptSet), less those of earlier datasets under
+        generation.dedup_across_datasets."""
+        from .prompts import load_prompts, without_earlier
+
+        pset = load_prompts(self.paths.prompts, on_bad_line=self.on_bad_line)
+        return without_earlier(pset, self.earlier_prompts, self.on_bad_line) if self.earlier_prompts else pset
+
+
+def dump_shape(config):
+    """The storage forecast's model shape (budgetgen.forecast.DumpShape) from tokenizer.model_config, or
+    config.json in the tokenizer folder; None when neither is there."""
+    from .forecast import DumpShape
+
+    t = config["tokenizer"]
+    return DumpShape.from_config_file(t.get("model_config") or os.path.join(t["path"], "config.json"),
+                                      aux_layers=int(t["forecast_aux_layers"]), dtype_bytes=int(t["forecast_dtype_bytes"]),
+                                      required=bool(t.get("model_config")))
 
 
 @dataclass(frozen=True)
@@ -256,6 +311,7 @@ class TokenizeSettings:
     config_sha256: str
     policy: Policy  # which records' identities belong in the rows (extend: several, each row says its own)
     samples: int  # generation.samples_per_prompt, for records written before identities
+    validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
 
     @classmethod
     def from_config(cls, config, dataset, processes=None):
@@ -271,4 +327,5 @@ class TokenizeSettings:
             chat_template_kwargs=chat_template_kwargs(config, dataset),
             config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset),
             samples=int(generation_setting(config, dataset, "samples_per_prompt")),
+            validation=dataset_mixture(config, dataset).validation_share > 0,
         )

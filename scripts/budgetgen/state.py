@@ -6,10 +6,12 @@ mean the same thing everywhere:
 
   met        the journaled completion tokens *of the identities that count* (budgetgen.identity: the
              generation settings now, and generation.on_settings_change) reach the budget in the config
-             *now*;
-  exhausted  not met, and no generation is left to ask: every generation (a prompt's, or each turn and
-             sample of it: budgetgen.conversations) is journaled or was ended by a permanent error
-             under the identity the next job would make, and the prompts file has not changed;
+             *now*, in every lane (budgetgen.mixture: each mixture cell in each split has its own budget
+             line; a dataset without a mixture or validation split is one lane);
+  exhausted  not met, and every lane not met has no generation left to ask: every generation (a
+             prompt's, or each turn and sample of it: budgetgen.conversations) is journaled or was ended
+             by a permanent error under the identity the next job would make, no unclaimed prompt of its
+             split is left, and the prompts file has not changed;
   refused    the journal holds records made under other settings, and on_settings_change says refuse
              (the inference job refuses before any request, in one line);
   partial    none of these, with something journaled;
@@ -48,6 +50,33 @@ def budget_state(tokens, budget, exhausted):
     return EXHAUSTED if exhausted else PARTIAL
 
 
+def budget_lines(budget):
+    """{lane key: budget} of a budget given as a number (one lane) or as mixture.Mixture.budgets()."""
+    return dict(budget) if isinstance(budget, dict) else {"default": int(budget)}
+
+
+def lanes_of(info, budget):
+    """{lane key: {"tokens", "budget", "exhausted"}} of a status or done marker under the budget now; one
+    written before lanes (or by a one-lane dataset) gives its totals to its one lane. `exhausted`: no
+    generation left to ask in the lane (whether or not it was met)."""
+    budgets = budget_lines(budget)
+    lanes = info.get("lanes")
+    if not isinstance(lanes, dict):
+        nothing_left = info["exhausted"] if "exhausted" in info else info.get("state") == EXHAUSTED
+        lanes = {k: {"tokens": info.get("tokens", 0), "exhausted": bool(nothing_left)} for k in budgets}
+    return {k: {"tokens": int((lanes.get(k) or {}).get("tokens", 0)), "budget": b,
+                "exhausted": bool((lanes.get(k) or {}).get("exhausted"))} for k, b in budgets.items()}
+
+
+def lanes_state(lanes):
+    """met (every lane met), exhausted (every lane met or with nothing left, one not met), or partial."""
+    if all(v["tokens"] >= v["budget"] for v in lanes.values()):
+        return MET
+    if all(v["tokens"] >= v["budget"] or v["exhausted"] for v in lanes.values()):
+        return EXHAUSTED
+    return PARTIAL
+
+
 def counted_under(info, policy_key):
     """Whether a status or done marker was counted under `policy_key` (identity.Policy.key()): written
     before identities, or under other settings, it is not."""
@@ -56,15 +85,20 @@ def counted_under(info, policy_key):
 
 def decide(done, status, budget, policy_key, prompts_changed, journal_exists):
     """The state from what is known (pure): the done marker's content (or None), the status (or None),
-    the budget and the policy key now (identity.Policy.key()), whether the prompts changed since the
-    status was written, whether a journal exists. Returns (state, the info the state was read from)."""
+    the budget now (a number, or {lane: budget} of a mixture: budget_lines) and the policy key now
+    (identity.Policy.key()), whether the prompts changed since the status was written, whether a journal
+    exists. Returns (state, the info the state was read from)."""
     if done is not None and counted_under(done, policy_key):
-        return budget_state(done.get("tokens", 0), budget, done.get("state") == EXHAUSTED), done
+        return lanes_state(lanes_of(done, budget)), done
     if status is None or not counted_under(status, policy_key):
         return (PARTIAL if journal_exists else FRESH), {}
     if status.get("refused"):
         return REFUSED, status
-    state = budget_state(status["tokens"], budget, bool(status.get("exhausted")) and not prompts_changed)
+    lanes = lanes_of(status, budget)
+    if prompts_changed:
+        for v in lanes.values():
+            v["exhausted"] = False
+    state = lanes_state(lanes)
     if state == PARTIAL and not status["tokens"] and not journal_exists:
         state = FRESH
     return state, status
@@ -110,25 +144,47 @@ def status_row(name, files, budget, policy, scan_journal):
     are journal records of the identities that count (`policy`: identity.Policy), one per generation
     (per turn with turns: all). When no job has finished since the journal last grew, or the counts
     were made under other settings, the journal is counted now with `scan_journal(path, policy) ->
-    JournalState`; a settings change the job would refuse shows as `refused (what changed)`."""
+    JournalState`; a settings change the job would refuse shows as `refused (what changed)`. `budget`:
+    a number, or {lane: budget} of a mixture (budget_lines)."""
+    return status_rows(name, files, budget, policy, scan_journal)[0]
+
+
+def status_rows(name, files, budget, policy, scan_journal):
+    """status_row, then (a dataset of several lanes: mixture cells, a validation split) a row per lane,
+    named `D/CELL` or `D/CELL/validation`, with its own tokens, budget line and state."""
+    budgets = budget_lines(budget)
+    total = sum(budgets.values())
     key = policy.key()
-    state, info = dataset_state(files, budget, key)
+    state, info = dataset_state(files, budgets, key)
     read_now = False
+    lanes = lanes_of(info, budgets) if info else {k: {"tokens": 0, "budget": b, "exhausted": False}
+                                                   for k, b in budgets.items()}
+    responses = {k: int(((info.get("lanes") or {}).get(k) or {}).get("responses", 0)) for k in budgets}
     done = read_json(files.done) if os.path.exists(files.done) else None
     if (done is None or not counted_under(done, key)) and os.path.exists(files.journal):
         if not info or os.path.getsize(files.journal) != info.get("journal_bytes"):
             found = scan_journal(files.journal, policy)
             info = {**info, "tokens": found.tokens, "responses": found.records}
+            for k, v in lanes.items():
+                got = found.lanes.get(k) if found.lanes else None
+                v["tokens"] = got.tokens if got else (found.tokens if len(lanes) == 1 else 0)
+                responses[k] = got.records if got else (found.records if len(lanes) == 1 else 0)
             read_now = True
             changed = policy.changes(found.by_identity)
             if changed:
                 state = refused_state(changed)
-            elif state in (FRESH, PARTIAL, MET) and found.tokens >= budget:
+            elif state in (FRESH, PARTIAL, MET) and lanes_state(lanes) == MET:
                 state = "met (journal; not finalized)"
     if state == REFUSED:
         state = refused_state(info.get("settings_changed") or [])
     tokens = int(info.get("tokens", 0))
-    return name, tokens, budget, max(0, budget - tokens), int(info.get("responses", 0)), state, read_now
+    rows = [(name, tokens, total, max(0, total - tokens), int(info.get("responses", 0)), state, read_now)]
+    if len(lanes) > 1:
+        for k, v in lanes.items():
+            lane = lanes_state({k: v}) if not state.startswith(REFUSED) else REFUSED
+            rows.append((f"{name}/{k}", v["tokens"], v["budget"], max(0, v["budget"] - v["tokens"]), responses[k],
+                         lane, read_now))
+    return rows
 
 
 def refused_state(changed):

@@ -1,38 +1,67 @@
 """Budget status of one dataset (the checkpoint's output): what the journal holds against what the
-prompts offer, under the generation settings now. What the status means for the dataset's state is
-budgetgen.state's to decide."""
+prompts offer, under the generation settings now, per lane (budgetgen.mixture: each mixture cell in
+each split). What the status means for the dataset's state is budgetgen.state's to decide."""
 
 import os
 import time
 
-from . import conversations, journal, prompts
+from . import conversations, journal, mixture
+from .errors import UserError
+
+
+def scan_lanes(s, prompt_list=None, repair=False):
+    """The journal of `s` (settings.InferenceSettings) scanned with the records of the identities that
+    count, per lane. `prompt_list`: the dataset's prompts, which a validation split needs to tell a
+    record's split (loaded here when needed and not given)."""
+    mix = s.mixture
+    if prompt_list is None and mix.validation_share > 0:
+        prompt_list = s.load_prompts().prompts
+    return journal.scan(s.paths.journal, repair=repair, accepts=s.policy.accepts, samples=s.plan.samples,
+                        lane_of=mix.lane_of(s.policy, prompt_list))
+
+
+def table_counts(s):
+    """status_rows' scan_journal for `snakemake -n`: scan_lanes, or (prompts unreadable at DAG time,
+    their one line comes from the job) the counts without splits."""
+    def count(path, policy):
+        try:
+            return scan_lanes(s)
+        except UserError:
+            return journal.scan(path, accepts=policy.accepts, samples=s.plan.samples,
+                                lane_of=s.mixture.lane_of(policy, None))
+    return count
 
 
 def compute_status(s):
-    """The status of the dataset of `s` (settings.DatasetSettings), counted in generations (one per
+    """The status of the dataset of `s` (settings.InferenceSettings), counted in generations (one per
     prompt with turns: last and one sample; one per turn and sample otherwise; budgetgen.conversations),
-    of the identities that count (budgetgen.identity.Policy): remaining_prompts: generations not
-    journaled; errored: how many of those a permanent error under the current identity ended;
-    exhausted: none left; refused: the one-line refusal of a settings change, or None, and
-    settings_changed: what changed (`key old -> new`); identity and
-    on_settings_change: what these counts were made under (budgetgen.state trusts them under those only);
-    identities: every identity in the journal, its records and tokens (counted or not)."""
-    policy, plan = s.policy, s.plan
-    state = journal.scan(s.paths.journal, accepts=policy.accepts, samples=plan.samples)
-    errored_ids = journal.errors_by_identity(s.paths.errors, plan.samples).get(policy.current.sha, set())
-    prompt_list = prompts.load_prompts(s.paths.prompts, on_bad_line=s.on_bad_line).prompts
-    chain_list = conversations.chains(prompt_list, plan)
-    left = conversations.left(chain_list, state.ids, errored_ids)
+    of the identities that count (budgetgen.identity.Policy), per lane (`lanes`: each cell in each split,
+    its budget, tokens, responses and whether it has nothing left to ask): remaining_prompts:
+    generations not journaled; errored: how many of those a permanent error under the current identity
+    ended; exhausted: none left in any lane; refused: the one-line refusal of a settings change, or None,
+    and settings_changed: what changed (`key old -> new`); identity and on_settings_change: what these
+    counts were made under (budgetgen.state trusts them under those only); identities: every identity
+    in the journal, its records and tokens (counted or not)."""
+    policy, mix = s.policy, s.mixture
+    pset = s.load_prompts()
+    state = scan_lanes(s, pset.prompts)
+    errors = journal.errors_by_identity(s.paths.errors, s.plan.samples)
+    lanes, pool = mixture.account(mix, policy, pset.prompts, state, errors)
+    # unclaimed prompts counted as their split's first cell would make them
+    first_plan = {lane.split: lane.cell.plan for lane in reversed(mix.lanes)}
+    unclaimed = [c for split, ps in pool.items() for c in conversations.chains(ps, first_plan[split])]
     return {
         "dataset": s.dataset,
         "tokens": state.tokens,
         "responses": state.records,
-        "errors": len(errored_ids),
-        "prompts": len(prompt_list),
-        "conversations": len(chain_list),
-        "remaining_prompts": left.remaining,
-        "errored": left.blocked,
-        "exhausted": left.to_ask <= 0,
+        "errors": sum(a.errors for a in lanes.values()),
+        "prompts": len(pset.prompts),
+        "prompts_in_earlier_datasets": pset.in_earlier,
+        "conversations": sum(len(a.chains) for a in lanes.values()) + len(unclaimed),
+        "remaining_prompts": sum(a.left.remaining for a in lanes.values()) + sum(c.n_turns for c in unclaimed),
+        "errored": sum(a.left.blocked for a in lanes.values()),
+        "exhausted": all(a.exhausted for a in lanes.values()),
+        "lanes": {k: a.summary() for k, a in lanes.items()},
         "refused": policy.refusal(s.dataset, state.by_identity),
         "settings_changed": policy.changes(state.by_identity),
         **policy.key(),

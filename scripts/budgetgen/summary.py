@@ -1,14 +1,18 @@
 """results/summary.tsv: per dataset prompts, responses, tokens, budget, state and length stats, and the
-conversations (budgetgen.conversations): how many, finished, ended by an error, tokens per turn index."""
+conversations (budgetgen.conversations): how many, finished, ended by an error, tokens per turn index;
+the prompts it shares with other datasets; the storage forecast of an EAGLE-3 hidden-state dump of its
+rows (budgetgen.forecast). A dataset of several lanes (budgetgen.mixture: mixture cells, a validation
+split) gets a row per lane after its own (`cell`, `split`), with the lane's budget line and share."""
 
 import os
 
 from . import conversations, journal, prompts
 from .state import budget_state
 
-COLUMNS = ["dataset", "prompts", "responses", "completion_tokens", "token_budget", "budget_pct", "status",
-           "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors", "tokenized_rows",
-           "tokenize_skipped", "conversations", "conversations_finished", "conversations_ended_by_error",
+COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_tokens", "token_budget", "budget_share",
+           "budget_pct", "status", "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors",
+           "tokenized_rows", "validation_rows", "row_tokens", "hidden_state_bytes", "tokenize_skipped",
+           "cross_dataset_duplicates", "conversations", "conversations_finished", "conversations_ended_by_error",
            "tokens_per_turn"]
 
 
@@ -56,7 +60,8 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
         skipped = ";".join(f"{k}={v}" for k, v in sorted((meta.get("skipped") or {}).items())) or "0"
     n = len(lengths)
     return {
-        "dataset": dataset, "prompts": n_prompts, "responses": n, "completion_tokens": tokens,
+        "dataset": dataset, "cell": "all", "split": "all", "budget_share": "1", "validation_rows": "",
+        "row_tokens": "", "hidden_state_bytes": "", "cross_dataset_duplicates": "", "prompts": n_prompts, "responses": n, "completion_tokens": tokens,
         "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
         "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
         "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",
@@ -65,6 +70,72 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
         "conversations_ended_by_error": left.chains_ended_by_error,
         "tokens_per_turn": ";".join(f"{t}:{per_turn[t]}" for t in sorted(per_turn)) or "0",
     }
+
+
+def _length_stats(lengths, cut):
+    lengths = sorted(lengths)
+    n, tokens = len(lengths), sum(lengths)
+    return {"responses": n, "completion_tokens": tokens, "mean_length": f"{tokens / n:.1f}" if n else "0",
+            "p50_length": percentile(lengths, 50), "p95_length": percentile(lengths, 95),
+            "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00"}
+
+
+def row_tokens_by_cell(path):
+    """{cell: (rows, row tokens)} of a tokenized.arrow / validation.arrow (rows without a cell column:
+    `default`); {} when the file is absent."""
+    if not path or not os.path.exists(path):
+        return {}
+    import pyarrow as pa
+
+    out = {}
+    with pa.memory_map(path) as src:
+        for batch in pa.ipc.open_stream(src):
+            cells = batch.column("cell").to_pylist() if "cell" in batch.schema.names else ["default"] * batch.num_rows
+            tokens = batch.column("num_tokens").to_pylist()
+            for c, t in zip(cells, tokens, strict=True):
+                rows, total = out.get(c, (0, 0))
+                out[c] = (rows + 1, total + t)
+    return out
+
+
+def add_rows_and_forecast(row, tokenized, validation, shape, cell=None):
+    """The row's tokenized_rows / validation_rows, row_tokens (both files) and hidden_state_bytes (the
+    storage forecast of a dump of those rows: budgetgen.forecast; empty without the model's config);
+    `cell`: one cell's rows only."""
+    pick = (lambda d: [v for k, v in d.items() if k == cell]) if cell else (lambda d: list(d.values()))  # noqa: E731
+    train, val = pick(tokenized), pick(validation)
+    tokens = sum(t for _, t in train) + sum(t for _, t in val)
+    if cell:
+        row["tokenized_rows"] = sum(r for r, _ in train)
+    row["validation_rows"] = sum(r for r, _ in val) if validation else ""
+    row["row_tokens"] = tokens
+    row["hidden_state_bytes"] = shape.bytes_for(tokens) if shape is not None else ""
+    return row
+
+
+def lane_rows(dataset, raw_path, lanes, tokenized, validation, shape):
+    """A row per lane (`lanes`: the status's {key: LaneAccount.summary()} with the budget now), from the
+    records of raw_responses.jsonl that finalize marked with their cell and split."""
+    groups = {}
+    for _, rec in journal.iter_records(raw_path):
+        key = (rec.get("cell") or "default", rec.get("split") or "train")
+        lengths, cut = groups.setdefault(key, ([], [0]))
+        lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
+        cut[0] += rec.get("finish_reason") == "length"
+    rows = []
+    for v in lanes.values():
+        lengths, cut = groups.get((v["cell"], v["split"]), ([], [0]))
+        stats = _length_stats(lengths, cut[0])
+        budget = v["budget"]
+        row = {c: "" for c in COLUMNS}
+        row.update(stats, dataset=dataset, cell=v["cell"], split=v["split"], prompts=v.get("prompts", ""),
+                   token_budget=budget, budget_share=f"{v['budget_share']:.4g}",
+                   budget_pct=f"{100.0 * stats['completion_tokens'] / budget:.2f}" if budget else "",
+                   status=budget_state(stats["completion_tokens"], budget, v["exhausted"]), errors=v["errors"])
+        held_out = v["split"] == "validation"
+        rows.append(add_rows_and_forecast(row, {} if held_out else tokenized, validation if held_out else {},
+                                          shape, v["cell"]))
+    return rows
 
 
 def format_tsv(rows):

@@ -105,6 +105,7 @@ def _schema():
             ("turn", pa.int32()),
             ("prompt_id", pa.string()),
             ("identity", pa.string()),
+            ("cell", pa.string()),
         ]
     )
 
@@ -334,6 +335,7 @@ class _Encoder:
         _check_options(max_length, chat_template_kwargs)
         self.tokenizer = tokenizer
         self.samples = samples  # generation.samples_per_prompt, for records written before identities
+        self.split = None  # the split whose records become rows (None: every record; budgetgen.mixture)
         self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
         self.use_server_ids = use_server_ids
         self.vocab_size = len(tokenizer)
@@ -566,20 +568,33 @@ def _parse_record(line, lineno, input_path, samples=1):
     return str(rid), record, finish, record_sha(record, samples)
 
 
+def record_split(record):
+    """The split a raw_responses.jsonl record belongs to (finalize writes it; budgetgen.mixture)."""
+    return record.get("split") or "train"
+
+
+def record_cell(record):
+    return record.get("cell") if isinstance(record.get("cell"), str) else "default"
+
+
 def _encode_chunk(encoder, chunk, input_path):
-    """Parse and encode (lineno, line) pairs; return (RecordBatch or None, stats)."""
+    """Parse and encode (lineno, line) pairs of the encoder's split; return (RecordBatch or None, stats)."""
     import numpy as np
     import pyarrow as pa
 
     records = [_parse_record(line, lineno, input_path, encoder.samples) for lineno, line in chunk]
+    other = 0
+    if encoder.split is not None:
+        mine = [r for r in records if record_split(r[1]) == encoder.split]
+        other, records = len(records) - len(mine), mine
     results, error = encoder.encode([r[1] for r in records])
     skipped, first_skipped = Counter(), {}
-    kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt, kept_identity, rows = [], [], [], [], [], [], []
+    kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt, kept_identity, kept_cell, rows = ([] for _ in range(8))
     identities = {}  # sha -> readable settings, of the records of this chunk
     server_rows = 0
     for (rid, rec, finish, sha), res in zip(records, results):
         if sha not in identities:
-            identities[sha] = record_settings(rec, encoder.samples)
+            identities[sha] = {"settings": record_settings(rec, encoder.samples), "cell": record_cell(rec)}
         if isinstance(res, str):
             skipped[res] += 1
             first_skipped.setdefault(res, rid)
@@ -592,8 +607,10 @@ def _encode_chunk(encoder, chunk, input_path):
             kept_turn.append(turn)
             kept_prompt.append(record_prompt_id(rid, rec))
             kept_identity.append(sha)
+            kept_cell.append(record_cell(rec))
             rows.append(res)
-    stats = {"records": len(records), "skipped": dict(skipped), "first_skipped": first_skipped, "error": error,
+    stats = {"records": len(records), "other_split": other, "skipped": dict(skipped), "first_skipped": first_skipped,
+             "error": error,
              "settings": dict(Counter(r[3] for r in records)), "identities": identities,
              "server_id_rows": server_rows}
     if not rows:
@@ -628,6 +645,7 @@ def _encode_chunk(encoder, chunk, input_path):
             pa.array(kept_turn, type=pa.int32()),
             pa.array(kept_prompt, type=pa.string()),
             pa.array(kept_identity, type=pa.string()),
+            pa.array(kept_cell, type=pa.string()),
         ],
         schema=schema,
     )
@@ -668,7 +686,7 @@ def _cpu_count():
 
 
 def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, threads, use_server_ids,
-                 trust_remote_code=False, reasoning_tags=None, samples=1):
+                 trust_remote_code=False, reasoning_tags=None, samples=1, split=None):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
     # thread pool starts); with one core each, the processes are the only parallelism.
@@ -678,8 +696,9 @@ def _worker_init(tokenizer_path, max_length, chat_template_kwargs, input_path, t
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
-    _WORKER = (_Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags, samples),
-               input_path)
+    encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags, samples)
+    encoder.split = split
+    _WORKER = (encoder, input_path)
 
 
 def _worker_encode(chunk):
@@ -699,11 +718,12 @@ def format_summary(rows, skipped):
 def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes=1,
                   chat_template_kwargs=None, batch_size=512, log=print, allow_mixed_settings=False,
                   use_server_token_ids=True, config_sha256=None, trust_remote_code=False, max_skipped_pct=1.0,
-                  reasoning_tags=None, samples=1):
+                  reasoning_tags=None, samples=1, split=None):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file; return the stats.
 
     Stats: {"rows", "skipped": {reason: n}, "tokens", "supervised_tokens", "server_id_rows"}.
     More than max_skipped_pct percent of the records skipped is an error (nothing is written).
+    `split`: only the records of that split (train or validation: their `split` field, budgetgen.mixture).
     """
     import pyarrow as pa
 
@@ -720,7 +740,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
 
     totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
     skipped, first_skipped = Counter(), {}
-    records = 0
+    records = other_split = 0
     started = last_progress = time.monotonic()
     first_error = None
     settings = Counter()  # identity sha -> records
@@ -734,6 +754,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                 if processes == 1:
                     encoder = _Encoder(tokenizer, max_length, chat_template_kwargs, use_server_token_ids,
                                        reasoning_tags, samples)
+                    encoder.split = split
                     results = (_encode_chunk(encoder, chunk, input_path)
                                for chunk in _chunks(input_path, batch_size))
                     pool = None
@@ -744,13 +765,14 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                         processes, initializer=_worker_init,
                         initargs=(tokenizer_path, max_length, chat_template_kwargs, input_path,
                                   _cpu_count() // processes, use_server_token_ids, trust_remote_code,
-                                  reasoning_tags, samples))
+                                  reasoning_tags, samples, split))
                     results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
                 try:
                     for batch, stats in results:
                         if batch is not None:
                             writer.write_batch(batch)
                         records += stats["records"]
+                        other_split += stats["other_split"]
                         settings.update(stats["settings"])
                         for sha, readable in stats["identities"].items():
                             identities.setdefault(sha, readable)
@@ -780,7 +802,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
                                 f"most: {reason} ({count}, first id {first_skipped[reason]!r})"
                                 + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
             if len(settings) > 1 and not allow_mixed_settings:
-                kinds = "; ".join(f"{n} x {json.dumps(identities.get(k), sort_keys=True)}"
+                kinds = "; ".join(f"{n} x {json.dumps(identities.get(k, {}).get('settings'), sort_keys=True)}"
                                   for k, n in settings.most_common())
                 raise UserError(f"{input_path}: responses were generated with {len(settings)} different "
                                 f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
@@ -788,8 +810,10 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
             metadata = {
                 # the provenance: the generation identities its rows were made under (budgetgen.identity;
                 # each row's `identity` column names its own), never the config's if they differ
-                "generation_settings": [{"identity": k, "records": n, "settings": identities.get(k)}
+                "generation_settings": [{"identity": k, "records": n, **identities.get(k, {})}
                                         for k, n in settings.most_common()],
+                "split": split or "all",
+                "cells": sorted({v.get("cell") for v in identities.values()} - {None}),
                 "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
                 "packages": package_versions(),
                 "tokenizer_path": tokenizer_path,
@@ -815,6 +839,7 @@ def tokenize_file(input_path, output_path, tokenizer_path, max_length, processes
             except FileNotFoundError:
                 pass
 
-    log(format_summary(totals["rows"], skipped))
+    log(format_summary(totals["rows"], skipped)
+        + (f"; {other_split} records of the other split left to its own file" if other_split else ""))
     return {"rows": totals["rows"], "skipped": dict(sorted(skipped.items())), "tokens": totals["tokens"],
             "supervised_tokens": totals["supervised_tokens"], "server_id_rows": totals["server_id_rows"]}

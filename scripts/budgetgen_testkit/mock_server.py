@@ -12,7 +12,8 @@ request's messages are appended to a file (what the server was sent, for tests).
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
 --mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
-dataset with `generation.extra_body`).
+dataset with `generation.extra_body`). `chat_template_kwargs: {enable_thinking: false}` gives an answer
+without reasoning (--reasoning-share 0 for that request), as a Qwen3 served with its reasoning parser.
 
 Streams follow the released engines, read from their wheels (`pip download --no-deps vllm==0.33.0` /
 `sglang==0.5.23`): `stream_options.include_usage` adds a final `choices: []` usage chunk, and with
@@ -660,6 +661,9 @@ class MockServer:
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
 
         plan = Plan(cfg, messages, max_tokens, mean_tokens)
+        kwargs = body.get("chat_template_kwargs")
+        if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
+            plan.n_reasoning = 0  # thinking off (Qwen3's template and reasoning parser): an answer only
         # a streaming request hangs after its first chunk: a request the engine started, then stalled
         plan.hang = fault == "hang"
         drop_after = None

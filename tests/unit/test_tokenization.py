@@ -426,7 +426,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
     from budgetgen.identity import Identity
 
     made = Identity.of({"temperature": 0.6, "turns": "last", "samples_per_prompt": 1})
-    assert provenance["generation_settings"] == [{"identity": made.sha, "records": 40, "settings": made.settings}]
+    assert provenance["generation_settings"] == [{"identity": made.sha, "records": 40, "settings": made.settings,
+                                                 "cell": "default"}]
     assert set(ds["identity"]) == {made.sha} and ds["prompt_id"][:2] == ["p000", "p001"]
     assert set(provenance["packages"]) >= {"transformers", "tokenizers", "budgetgen"}
     assert meta == {
