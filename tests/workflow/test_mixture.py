@@ -64,6 +64,7 @@ def test_a_two_cell_mixture_with_validation_meets_every_lane_through_a_kill(tmp_
     finally:
         wf.killpg(proc, signal.SIGKILL)
     assert not wf.path("results", "D", "inference.done").exists()
+    wf.run("--unlock")  # a killed snakemake leaves its lock
     wf.run("--cores", "2", "all")
 
     done = json.loads(wf.path("results", "D", "inference.done").read_text())
