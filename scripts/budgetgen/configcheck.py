@@ -105,6 +105,9 @@ def config_problem(config):
 
     from .settings import generation_setting
 
+    model_config = config["tokenizer"].get("model_config")
+    if model_config and not os.path.isfile(model_config):
+        return f"config key tokenizer.model_config: file not found: {model_config}"
     for ds in sorted(config["datasets"]):
         own = config["datasets"][ds]
         source = own.get("source")

@@ -158,13 +158,14 @@ class Watcher:
         f = self.followers[s.dataset].refresh()
         files = state.DatasetFiles(journal=s.paths.journal, done=s.paths.done, status=s.paths.status,
                                    prompts=s.paths.prompts)
-        st, _ = state.dataset_state(files, s.budget, s.policy.key())
+        st, _ = state.dataset_state(files, s.mixture.budgets(), s.policy.key())
         changed = s.policy.changes(f.by_identity)
         if f.problem:
             st = f"error: {f.problem}"
         elif changed:
             st = state.refused_state(changed)
-        elif st in (state.FRESH, state.PARTIAL) and f.tokens >= s.budget:
+        elif st in (state.FRESH, state.PARTIAL) and f.tokens >= s.budget and s.mixture.plain:
+            # (a mixture is met lane by lane: the status and the done marker say so)
             st = state.MET
         elif st == state.FRESH and f.records:
             st = state.PARTIAL

@@ -200,3 +200,31 @@ def test_token_budget_required_only_for_datasets_without_one(tmp_path, tiny_toke
     wf.config["datasets"]["B"].pop("token_budget")  # B has none, and there is no default
     wf.write_config()
     refused(wf, "config key generation.token_budget (or datasets.B.token_budget) is required", "-n", "all")
+
+
+@pytest.mark.parametrize("mixture, validation, expected", [
+    ({"a": {"share": 0.6, "temperature": 0.5}, "b": {"share": 0.3, "temperature": 0.9}}, None,
+     "config key datasets.A.mixture: the cells' shares sum to 0.9, not 1"),
+    ({"a": {"share": 0.5, "temperature": 0.5}, "b": {"share": 0.5, "temperature": 0.5}}, None,
+     "config key datasets.A.mixture: cells a and b have the same generation settings (dataset A); give each cell "
+     "the settings that make it a cell"),
+    ({"a": {"share": 1, "seed": 3}}, None, "config key datasets.A.mixture.a.seed: unknown key (known keys: "
+     "extra_body, history_reasoning, max_tokens, samples_per_prompt, share, temperature, top_p, turns)"),
+    ({"a": {"temperature": 0.5}}, None, "config key datasets.A.mixture.a.share: required key is missing"),
+    (None, {"share": 1}, "config key datasets.A.validation.share: 1 is greater than or equal to the maximum of 1"),
+])
+def test_bad_mixture_or_validation(tmp_path, tiny_tokenizer, mixture, validation, expected):
+    wf = make(tmp_path, tiny_tokenizer)
+    if mixture is not None:
+        wf.config["datasets"]["A"]["mixture"] = mixture
+    if validation is not None:
+        wf.config["datasets"]["A"]["validation"] = validation
+    wf.write_config()
+    refused(wf, expected)
+
+
+def test_model_config_that_is_not_there(tmp_path, tiny_tokenizer):
+    wf = make(tmp_path, tiny_tokenizer)
+    wf.config["tokenizer"]["model_config"] = "nowhere/config.json"
+    wf.write_config()
+    refused(wf, "config key tokenizer.model_config: file not found: nowhere/config.json")
