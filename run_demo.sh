@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (first use) and run the workflow on the bundled demo: a local mock OpenAI-compatible
-# server on 127.0.0.1, a tokenizer built locally, three small prompt sets.
+# server on 127.0.0.1, a tokenizer built locally, four small prompt sets (one a thinking-on/off mixture
+# with a validation split).
 # Extra arguments go to snakemake (e.g. ./run_demo.sh -n).
 set -euo pipefail
 cd "$(dirname "$0")"
