@@ -61,8 +61,9 @@ def child_budgetgen(args):
     """The real inference job (budgetgen.inference.run) from a config file, in this process."""
     import yaml
 
+    from budgetgen.configfile import load_config
     from budgetgen.inference import run
-    from budgetgen.settings import InferenceSettings, load_config
+    from budgetgen.settings import InferenceSettings
 
     work = Path(args.work)
     config = {"server": {"base_url": args.url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 60},

@@ -38,8 +38,9 @@ import common
 import yaml
 
 from budgetgen import journal
+from budgetgen.configfile import load_config
 from budgetgen.fsutil import write_json_atomic
-from budgetgen.settings import InferenceSettings, load_config
+from budgetgen.settings import InferenceSettings
 from budgetgen.status import compute_status
 
 GOAL_S = 10.0

@@ -7,7 +7,7 @@ tokenizer with a ChatML template (budgetgen_testkit.tiny_tokenizer, 4096 tokens,
 text). Every method makes the same rows as budgetgen (issue 11): prompt ids + completion ids, where
 the prompt is the generation-prompt render (apply_chat_template(messages[:-1], add_generation_prompt=True)
 with the record's own chat_template_kwargs) and the completion the model's raw output rebuilt from
-reasoning_content/content with the template's reasoning delimiters (budgetgen.tokenization.TurnFormat,
+reasoning_content/content with the template's reasoning delimiters (budgetgen.turn_format.TurnFormat,
 so the texts are budgetgen's), plus the end-of-turn token. On 1 core and on 2 cores (each in its own
 process, pinned with sched_setaffinity):
 
@@ -155,7 +155,7 @@ def run_naive(data, tok_path, processes):
     global _NAIVE
     from transformers import AutoTokenizer
 
-    from budgetgen.tokenization import TurnFormat
+    from budgetgen.turn_format import TurnFormat
 
     with open(data) as f:
         lines = f.readlines()
@@ -173,9 +173,10 @@ def run_naive(data, tok_path, processes):
 
 
 def run_budgetgen(data, tok_path, processes, out):
-    from budgetgen.tokenization import tokenize_file
+    from budgetgen.tokenization import TokenizeOptions, tokenize_file
 
-    stats = tokenize_file(data, out, tok_path, 1 << 20, processes=processes, log=lambda msg: None)
+    stats = tokenize_file(data, out, TokenizeOptions(tokenizer=tok_path, max_length=1 << 20, processes=processes),
+                          log=lambda msg: None)
     return stats["tokens"], stats["rows"]
 
 
@@ -186,7 +187,13 @@ BEFORE_HELPER = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import transformers  # noqa: F401
-from budgetgen.tokenization import tokenize_file
+try:  # tokenize_file's settings object (since the tokenize module split), or its keyword arguments before
+    from budgetgen.tokenization import TokenizeOptions, tokenize_file
+    run = lambda data, out, tok: tokenize_file(data, out, TokenizeOptions(tokenizer=tok, max_length=1 << 20),
+                                               log=lambda msg: None)
+except ImportError:
+    from budgetgen.tokenization import tokenize_file
+    run = lambda data, out, tok: tokenize_file(data, out, tok, 1 << 20, processes=1, log=lambda msg: None)
 def cpu():
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -194,7 +201,7 @@ print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     data, out, tok = json.loads(line)
     t0, c0 = time.perf_counter(), cpu()
-    stats = tokenize_file(data, out, tok, 1 << 20, processes=1, log=lambda msg: None)
+    stats = run(data, out, tok)
     wall, used = time.perf_counter() - t0, cpu() - c0
     import gc; gc.collect()
     print(json.dumps({"wall": wall, "cpu": used, "tokens": stats["tokens"], "rows": stats["rows"]}), flush=True)
@@ -220,7 +227,7 @@ def run_before(proc, data, tok_path, out):
 
 def row_texts(tokenizer, records):
     """Prompt texts + completion texts of the records (budgetgen's), and the number of end-of-turn ids."""
-    from budgetgen.tokenization import TurnFormat
+    from budgetgen.turn_format import TurnFormat
 
     fmt = TurnFormat(tokenizer, _render(tokenizer))
     # one kwargs group (the bench's records have none), so rendered in one batch
@@ -239,7 +246,7 @@ def child(args):
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     import transformers  # noqa: F401  (imported before any timing, as a running job has it)
 
-    from budgetgen.tokenization import load_tokenizer
+    from budgetgen.turn_format import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     with open(args.data) as f:
@@ -300,13 +307,13 @@ def child(args):
 
 
 def breakdown(data, tok_path, out):
-    """One more 1-process tokenize_file with _Encoder.ids timed: (total, prompt ids, completion ids) seconds.
+    """One more 1-process tokenize_file with RowEncoder.ids timed: (total, prompt ids, completion ids) seconds.
 
     encode() tokenizes a batch's prompt renders first and its completion texts second (ids() is called
     for both, even with nothing to do), so calls alternate."""
-    from budgetgen import tokenization
+    from budgetgen import rows
 
-    calls, original = [], tokenization._Encoder.ids
+    calls, original = [], rows.RowEncoder.ids
 
     def timed_ids(self, texts):
         t0 = time.process_time()
@@ -314,13 +321,13 @@ def breakdown(data, tok_path, out):
         calls.append(time.process_time() - t0)
         return out
 
-    tokenization._Encoder.ids = timed_ids
+    rows.RowEncoder.ids = timed_ids
     try:
         t0 = time.process_time()
         run_budgetgen(data, tok_path, 1, out)
         total = time.process_time() - t0
     finally:
-        tokenization._Encoder.ids = original
+        rows.RowEncoder.ids = original
     if len(calls) % 2:
         raise RuntimeError(f"_Encoder.ids called {len(calls)} times: prompts and completions no longer alternate")
     return {"total": total, "prompt": sum(calls[0::2]), "completion": sum(calls[1::2])}

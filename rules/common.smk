@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 from budgetgen import configcheck, settings, state, status  # noqa: E402
-from budgetgen.tokenization import tokenizer_sha256  # noqa: E402
+from budgetgen.turn_format import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 # datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow

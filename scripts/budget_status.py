@@ -9,9 +9,10 @@ time, so the budget is deliberately not an input here.
 
 import argparse
 
+from budgetgen.configfile import add_dataset_arguments, dataset_config
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import write_json_atomic
-from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config
+from budgetgen.settings import InferenceSettings
 from budgetgen.status import compute_status
 
 

@@ -12,10 +12,11 @@ file).
 import argparse
 
 from budgetgen import journal
+from budgetgen.configfile import add_dataset_arguments, dataset_config
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.identity import record_sha
-from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config
+from budgetgen.settings import InferenceSettings
 
 
 def main(argv=None, config=None):

@@ -14,9 +14,10 @@ import argparse
 import logging
 import sys
 
+from budgetgen.configfile import add_dataset_arguments, dataset_config
 from budgetgen.errors import entry_point
 from budgetgen.inference import run
-from budgetgen.settings import InferenceSettings, add_dataset_arguments, dataset_config, generation_setting
+from budgetgen.settings import InferenceSettings, generation_setting
 
 
 def parse_args(argv):

@@ -12,9 +12,10 @@ import argparse
 import os
 
 from budgetgen import prompts, state
+from budgetgen.configfile import load_config
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
-from budgetgen.settings import InferenceSettings, load_config
+from budgetgen.settings import InferenceSettings
 from budgetgen.status import compute_status
 from budgetgen.summary import add_rows_and_forecast, dataset_row, format_tsv, lane_rows, row_tokens_by_cell
 

@@ -12,8 +12,9 @@ Named so as not to shadow the stdlib `tokenize` module.
 
 import argparse
 
+from budgetgen.configfile import add_dataset_arguments, dataset_config
 from budgetgen.errors import UserError, entry_point
-from budgetgen.settings import TokenizeSettings, add_dataset_arguments, dataset_config
+from budgetgen.settings import TokenizeSettings
 
 
 def parse_args(argv):
@@ -38,16 +39,7 @@ def main(argv=None, config=None):
     if a.split == "validation" and not s.validation:
         raise UserError(f"--split validation: dataset {a.dataset} has no validation split (set validation.share)")
     out = s.paths.validation if a.split == "validation" else s.paths.tokenized
-    tokenize_file(s.paths.raw_responses, out, s.tokenizer, s.max_length, processes=s.processes,
-                  chat_template_kwargs=s.chat_template_kwargs,
-                  # on_settings_change: extend keeps the records of earlier settings, a mixture has one
-                  # identity per cell: each row says its own (identity and cell columns)
-                  allow_mixed_settings=s.allow_mixed_settings or s.policy.on_change == "extend"
-                  or len(s.policy.identities) > 1,
-                  samples=s.samples, split=a.split if s.validation else None,
-                  use_server_token_ids=s.use_server_token_ids, config_sha256=s.config_sha256,
-                  trust_remote_code=s.trust_remote_code, max_skipped_pct=s.max_skipped_pct,
-                  reasoning_tags=s.reasoning_tags, log=lambda msg: print(msg, flush=True))
+    tokenize_file(s.paths.raw_responses, out, s.options(a.split), log=lambda msg: print(msg, flush=True))
     return 0
 
 

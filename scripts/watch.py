@@ -17,8 +17,8 @@ import os
 import sys
 import time
 
+from budgetgen.configfile import load_config
 from budgetgen.errors import UserError, run_main
-from budgetgen.settings import load_config
 from budgetgen.watch import Watcher, format_tsv, render
 
 

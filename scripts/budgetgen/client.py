@@ -4,7 +4,7 @@ Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a 
 usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). Reasoning is
 `reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read and journaled as
 streamed, whitespace included (an empty think block's "\n\n" is part of what the model generated;
-tokenize decides what it means under the template, budgetgen.tokenization.TurnFormat).
+tokenize decides what it means under the template, budgetgen.turn_format.TurnFormat).
 
 Timeouts: a request is timed out on *silence after its first byte* (request_timeout_s between two
 lines of one stream). Before its first byte a request may be queued inside the server (oversubscribed

@@ -11,6 +11,8 @@
 
 import yaml
 
+from .settings import dataset_mixture, generation_setting
+
 _MERGE = "tag:yaml.org,2002:merge"
 _MESSAGE_MAX = 300
 
@@ -103,8 +105,6 @@ def config_problem(config):
     exist, and every dataset has a token budget (its own or generation's)."""
     import os
 
-    from .settings import generation_setting
-
     model_config = config["tokenizer"].get("model_config")
     if model_config and not os.path.isfile(model_config):
         return f"config key tokenizer.model_config: file not found: {model_config}"
@@ -127,8 +127,6 @@ def config_problem(config):
 def mixture_problem(config, ds):
     """A mixture whose shares do not sum to 1, or two of whose cells have the same generation settings
     (one identity: their records could not be told apart), as one line naming the key; else None."""
-    from .settings import dataset_mixture
-
     where = f"datasets.{ds}.mixture" if config["datasets"][ds].get("mixture") else "generation.mixture"
     cells = config["datasets"][ds].get("mixture") or config["generation"].get("mixture")
     if not cells:
@@ -156,8 +154,6 @@ def api_key_warning(config, environ):
 def identical_samples_warning(config):
     """A warning line per dataset whose samples_per_prompt > 1 would give identical samples (greedy
     decoding, or a fixed sampling seed in extra_body), else None."""
-    from .settings import generation_setting
-
     lines = []
     for ds in sorted(config["datasets"]):
         g = lambda key, ds=ds: generation_setting(config, ds, key)  # noqa: E731
@@ -172,7 +168,7 @@ def identical_samples_warning(config):
 
 
 def tokenizer_problem(name):
-    """Why tokenizer.path cannot be loaded (as tokenization.load_tokenizer decides), or None: a folder,
+    """Why tokenizer.path cannot be loaded (as turn_format.load_tokenizer decides), or None: a folder,
     or a hub name (org/model) already in the local Hugging Face cache."""
     import os
 

@@ -1,9 +1,8 @@
 """Settings, built once from the validated config (its defaults come only from the schema).
 
-`load_config(path)` validates a config file against schemas/config.schema.yaml and fills the schema's
-defaults, as the Snakefile does with the config Snakemake loaded; everything else here takes such a
-validated config. Entry points get their settings from Snakemake (`snakemake.config`) or from
-`--config FILE --dataset D`, never from defaults of their own.
+Everything here takes a validated config (the Snakefile's, or budgetgen.configfile.load_config's, whose
+schema's defaults are filled in). Entry points get their settings from Snakemake (`snakemake.config`)
+or from `--config FILE --dataset D` (budgetgen.configfile), never from defaults of their own.
 
 - generation_setting(config, D, key): a dataset's own value, else the `generation` section's.
 - CONTENT_GENERATION_KEYS: the settings that change what a dataset's data is; they are the inference
@@ -17,13 +16,9 @@ import os
 from dataclasses import dataclass
 
 from .conversations import Plan
-from .errors import UserError
 from .identity import Identity, Policy, settings_of
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
 from .params import params_sha256, request_params
-
-SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "schemas", "config.schema.yaml")
 
 # Settings that change what a dataset's data is (not how fast or how robustly it is made).
 # The generation identity (budgetgen.identity) is the part of them that shapes each generation.
@@ -33,49 +28,6 @@ CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p",
 # the summary).
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
-
-
-def load_config(path):
-    """A config file, validated and with the schema's defaults filled in; one line on any problem."""
-    import yaml
-
-    from .configcheck import duplicate_key, schema_error
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = yaml.safe_load(f)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    problem = duplicate_key(path) or schema_error(config, SCHEMA)
-    if problem:
-        raise UserError(problem)
-    from snakemake.utils import validate
-
-    validate(config, SCHEMA, set_default=True)
-    return config
-
-
-def add_dataset_arguments(ap):
-    """--config FILE --dataset D [-d DIR]: how an entry point names its dataset's settings."""
-    ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
-    ap.add_argument("--dataset", required=True, help="a dataset of the config")
-    ap.add_argument("--directory", "-d", default=None,
-                    help="working directory: the config's paths (results/D/..., prompts) are relative to it, as with "
-                         "snakemake -d (default: the current directory)")
-
-
-def dataset_config(args, config=None):
-    """The validated config for args (add_dataset_arguments), or `config` as Snakemake hands it over;
-    changes to args.directory; one line if args.dataset is not one of its datasets."""
-    config = config if config is not None else load_config(os.path.abspath(args.config))
-    if args.directory:
-        os.chdir(args.directory)
-    if args.dataset not in config["datasets"]:
-        raise UserError(f"--dataset {args.dataset}: not a dataset of {args.config} "
-                        f"(datasets: {', '.join(sorted(config['datasets']))})")
-    return config
 
 
 def generation_setting(config, dataset, key):
@@ -329,3 +281,18 @@ class TokenizeSettings:
             samples=int(generation_setting(config, dataset, "samples_per_prompt")),
             validation=dataset_mixture(config, dataset).validation_share > 0,
         )
+
+    def options(self, split="train"):
+        """What tokenize_file needs for one split's rows (tokenization.TokenizeOptions): on_settings_change
+        extend keeps records of earlier settings and a mixture has one identity per cell, so there each
+        row says its own (identity and cell columns) instead of mixed settings being refused."""
+        from .tokenization import TokenizeOptions
+
+        return TokenizeOptions(
+            tokenizer=self.tokenizer, max_length=self.max_length, processes=self.processes,
+            chat_template_kwargs=self.chat_template_kwargs, use_server_token_ids=self.use_server_token_ids,
+            trust_remote_code=self.trust_remote_code, reasoning_tags=self.reasoning_tags,
+            allow_mixed_settings=self.allow_mixed_settings or self.policy.on_change == "extend"
+            or len(self.policy.identities) > 1,
+            max_skipped_pct=self.max_skipped_pct, samples=self.samples, split=split if self.validation else None,
+            config_sha256=self.config_sha256)

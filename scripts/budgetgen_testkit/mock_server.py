@@ -485,7 +485,7 @@ class MockServer:
         model produced exactly this text: the generation prompt rendered with the request's
         chat_template_kwargs, then the raw output (reasoning in the template's delimiters, the
         end-of-turn token unless cut at max_tokens); budgetgen.tokenization builds the same row."""
-        from budgetgen.tokenization import encode_batch
+        from budgetgen.rows import encode_batch
 
         if self.tokenizer is None:
             from transformers import AutoTokenizer

@@ -431,7 +431,7 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
     import pyarrow as pa
 
     from budgetgen import tokenization
-    from budgetgen.tokenization import tokenize_file
+    from budgetgen.tokenization import TokenizeOptions, tokenize_file
 
     accepted = inspect.signature(tokenize_file).parameters
     real_load = tokenization.load_tokenizer
@@ -459,7 +459,7 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         try:
             with mock.patch.object(tokenization, "load_tokenizer", load_once):
-                stats = tokenize_file(src, out, tokenizer_path, 65536, **extra)
+                stats = tokenize_file(src, out, TokenizeOptions(tokenizer=tokenizer_path, max_length=65536, **extra))
         except Exception as exc:  # a refusal is a result here: every row of the file is missing
             errors.append(f"{type(exc).__name__}: {exc}")
             continue

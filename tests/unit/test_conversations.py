@@ -127,7 +127,8 @@ def test_a_status_counted_under_another_plan_never_says_exhausted(tmp_path):
     turns: all (whose two turns are journaled under neither id), and its counts are the new plan's."""
     import yaml
 
-    from budgetgen.settings import InferenceSettings, load_config
+    from budgetgen.configfile import load_config
+    from budgetgen.settings import InferenceSettings
 
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "a", "messages": [U("1"), A("x"), U("2")]}) + "\n")
     (tmp_path / "results" / "d").mkdir(parents=True)

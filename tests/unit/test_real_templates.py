@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from budgetgen.tokenization import encode_batch
+from budgetgen.rows import encode_batch
 from support import real_tokenizers as rt
 
 FAMILY_CASES = [(name, case) for name, fam in rt.FAMILIES.items() for case in rt.case_ids(fam)]

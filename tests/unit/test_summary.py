@@ -3,7 +3,7 @@
 import json
 
 from budgetgen.summary import COLUMNS, dataset_row, format_tsv
-from budgetgen.tokenization import tokenize_file
+from budgetgen.tokenization import TokenizeOptions, tokenize_file
 
 
 def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
@@ -16,7 +16,7 @@ def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
              "finish_reason": "stop", "params": {"model": "m"}, "usage": {"completion_tokens": 2}} for i in range(3)]
     raw.write_text("".join(json.dumps(r) + "\n" for r in recs))
     out = tmp_path / "tokenized.arrow"
-    tokenize_file(str(raw), str(out), tiny_tokenizer, 256, log=lambda m: None, max_skipped_pct=50)
+    tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tiny_tokenizer, max_length=256, max_skipped_pct=50), log=lambda m: None)
     row = dataset_row("D", str(raw), 100, str(prompts), str(tmp_path / "errors.jsonl"), str(out))
     assert row["tokenized_rows"] == 2 and row["tokenize_skipped"] == "no_supervised_tokens=1"
     assert row["status"] == "exhausted" and row["responses"] == 3

@@ -7,7 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from budgetgen.tokenization import SERVER_IDS_OUT_OF_VOCAB, encode_batch, tokenize_file
+from budgetgen.rows import SERVER_IDS_OUT_OF_VOCAB, encode_batch
+from budgetgen.tokenization import TokenizeOptions, tokenize_file
 
 PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Explain binary search."}]
 ANSWER = {"role": "assistant", "content": "Compare two approaches.", "reasoning_content": "Explain it."}
@@ -65,4 +66,4 @@ def test_bad_completion_token_ids_is_a_one_line_error(tmp_path, tiny_tokenizer):
     rec = {"id": "a", "messages": PROMPT + [ANSWER], "completion_token_ids": ["x"], "usage": {}}
     src.write_text(json.dumps(rec) + "\n")
     with pytest.raises(UserError, match=r"raw.jsonl:1: \"completion_token_ids\" must be a list of integers"):
-        tokenize_file(src, tmp_path / "out.arrow", tiny_tokenizer, 1024, log=lambda m: None)
+        tokenize_file(src, tmp_path / "out.arrow", TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024), log=lambda m: None)

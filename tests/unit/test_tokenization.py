@@ -13,16 +13,9 @@ import pyarrow as pa
 import pytest
 
 from budgetgen.errors import UserError
-from budgetgen.tokenization import (
-    NO_SUPERVISED_TOKENS,
-    REASONING_DELIMITERS_UNKNOWN,
-    TEMPLATE_ERROR,
-    chat_template_sha256,
-    encode_batch,
-    format_summary,
-    load_tokenizer,
-    tokenize_file,
-)
+from budgetgen.rows import NO_SUPERVISED_TOKENS, REASONING_DELIMITERS_UNKNOWN, TEMPLATE_ERROR, encode_batch
+from budgetgen.tokenization import TokenizeOptions, format_summary, tokenize_file
+from budgetgen.turn_format import chat_template_sha256, load_tokenizer
 from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
 from support import REPO
 
@@ -170,14 +163,14 @@ def test_reasoning_field_aliases_and_none_values(toks):
 
 
 def test_direct_render_falls_back_when_it_disagrees(toks, monkeypatch):
-    from budgetgen import tokenization
+    from budgetgen import rows
 
     tok = toks["chatml"]
     records = [rec(conversation(m, r)) for m in (False, True) for r in (False, True)]
     expected = encode_batch(tok, records, max_length=4096)
     # A broken shortcut (reasoning aliasing lost) must be caught by the spot check, not written out.
-    monkeypatch.setattr(tokenization, "_prepare", lambda conv: [{"role": "user", "content": "wrong"}])
-    encoder = tokenization._Encoder(tok, 4096)
+    monkeypatch.setattr(rows, "prepare_messages", lambda conv: [{"role": "user", "content": "wrong"}])
+    encoder = rows.RowEncoder(tok, 4096)
     results, _ = encoder.encode(records)
     assert encoder.direct is None
     assert [(ids, lp, end) for ids, lp, end in results] == [
@@ -301,13 +294,12 @@ def test_reasoning_a_tokenizer_cannot_delimit_is_a_counted_skip_naming_the_setti
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(record(i, [USER1, thought])) + "\n" for i in range(3)))
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(tmp_path / "t.arrow"), str(tmp_path / "words"), 64, log=lambda m: None)
+        tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64), log=lambda m: None)
     message = str(exc.value)
     assert "3 of 3 records skipped" in message and "reasoning_delimiters_unknown (3, first id 'p000')" in message
     assert example in message
     logs = []
-    tokenize_file(str(raw), str(tmp_path / "t.arrow"), str(tmp_path / "words"), 64, log=logs.append,
-                  max_skipped_pct=100)
+    tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64, max_skipped_pct=100), log=logs.append)
     assert logs[-1].startswith("Tokenized: 0 (3 skipped: reasoning_delimiters_unknown=3); ")
     assert example in logs[-1]
     # tags named in the config are used as given
@@ -397,7 +389,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     out = str(tmp_path / "tokenized.arrow")
     logs = []
-    stats = tokenize_file(raw_file, out, tok_dirs["chatml"], 512, batch_size=8, log=logs.append, max_skipped_pct=5)
+    stats = tokenize_file(raw_file, out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, batch_size=8, max_skipped_pct=5), log=logs.append)
     assert stats["rows"] == 38 and stats["skipped"] == {NO_SUPERVISED_TOKENS: 2}
     assert logs[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
 
@@ -449,10 +441,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 def test_tokenize_file_two_processes_same_output(tmp_path, raw_file, tok_dirs):
     one, two = str(tmp_path / "one.arrow"), str(tmp_path / "two.arrow")
     logs1, logs2 = [], []
-    s1 = tokenize_file(raw_file, one, tok_dirs["llama3"], 512, processes=1, batch_size=4, log=logs1.append,
-                       max_skipped_pct=5)
-    s2 = tokenize_file(raw_file, two, tok_dirs["llama3"], 512, processes=2, batch_size=4, log=logs2.append,
-                       max_skipped_pct=5)
+    s1 = tokenize_file(raw_file, one, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=1, batch_size=4, max_skipped_pct=5), log=logs1.append)
+    s2 = tokenize_file(raw_file, two, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=2, batch_size=4, max_skipped_pct=5), log=logs2.append)
     assert s1 == s2
     assert logs1[-1] == logs2[-1]
     with open(one, "rb") as a, open(two, "rb") as b:
@@ -468,8 +458,7 @@ def test_tokenize_file_renders_each_record_with_its_own_template_kwargs(tmp_path
     raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = str(tmp_path / "t.arrow")
     logs = []
-    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 512, chat_template_kwargs={"enable_thinking": True},
-                          log=logs.append)
+    stats = tokenize_file(str(raw), out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, chat_template_kwargs={"enable_thinking": True}), log=logs.append)
     assert stats["rows"] == 3 and stats["skipped"] == {} and logs[-1] == "Tokenized: 3 (0 skipped)"
     table, meta = read_stream(out)
     tok = toks["chatml"]
@@ -484,11 +473,11 @@ def test_more_skipped_than_max_skipped_pct_fails_naming_reason_and_first_id(tmp_
     raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(out), tok_dirs["chatml"], 256, log=lambda m: None)
+        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256), log=lambda m: None)
     assert str(exc.value) == (f"{raw}: 2 of 10 records skipped (20.0 % > tokenizer.max_skipped_pct 1); "
                               "most: no_supervised_tokens (2, first id 'p003')")
     assert not out.exists()
-    stats = tokenize_file(str(raw), str(out), tok_dirs["chatml"], 256, log=lambda m: None, max_skipped_pct=20)
+    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256, max_skipped_pct=20), log=lambda m: None)
     assert stats["rows"] == 8 and out.exists()
     work = cli_workdir(tmp_path / "cli", raw, tok_dirs["chatml"], max_length=256)  # the default: 1 %
     proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
@@ -503,7 +492,7 @@ def test_tokenize_file_empty_input(tmp_path, tok_dirs):
     raw.write_text("")
     logs = []
     out = str(tmp_path / "t.arrow")
-    stats = tokenize_file(str(raw), out, tok_dirs["chatml"], 64, log=logs.append)
+    stats = tokenize_file(str(raw), out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64), log=logs.append)
     assert stats == {"rows": 0, "skipped": {}, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
     assert logs == ["Tokenized: 0 (0 skipped)"]
     assert len(datasets.Dataset.from_file(out)) == 0
@@ -522,7 +511,7 @@ def test_malformed_line_names_file_and_line(tmp_path, tok_dirs, bad, why):
     raw.write_text(good + "\n" + good + "\n" + bad + "\n" + good + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(out), tok_dirs["chatml"], 64, log=lambda m: None)
+        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64), log=lambda m: None)
     msg = str(exc.value)
     assert msg.startswith(f"{raw}:3: ") and why in msg and "\n" not in msg
     assert not out.exists() and os.listdir(tmp_path) == ["raw.jsonl"]
@@ -533,8 +522,7 @@ def test_malformed_line_in_a_worker(tmp_path, tok_dirs):
     good = json.dumps(record(0, conversation(False, False)))
     raw.write_text("\n".join([good] * 5 + ["{oops"] + [good] * 2) + "\n")
     with pytest.raises(UserError, match=r"raw\.jsonl:6: not valid JSON"):
-        tokenize_file(str(raw), str(tmp_path / "t.arrow"), tok_dirs["chatml"], 64, processes=2, batch_size=2,
-                      log=lambda m: None)
+        tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64, processes=2, batch_size=2), log=lambda m: None)
     assert os.listdir(tmp_path) == ["raw.jsonl"]
 
 
@@ -557,7 +545,7 @@ def test_load_tokenizer_errors(tmp_path, toks):
     with pytest.raises(UserError, match="has no chat template"):
         load_tokenizer(str(plain))
     with pytest.raises(UserError, match="no-such-tokenizer"):
-        tokenize_file(__file__, str(tmp_path / "t.arrow"), missing, 64)
+        tokenize_file(__file__, str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=missing, max_length=64))
 
 
 def test_format_summary():
@@ -626,6 +614,7 @@ def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs
     import json as _json
 
     from budgetgen.errors import UserError as _UserError
+    from budgetgen.tokenization import TokenizeOptions
     from budgetgen.tokenization import tokenize_file as _tokenize_file
 
     src = tmp_path / "raw.jsonl"
@@ -637,9 +626,9 @@ def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs
                                  "usage": {"completion_tokens": 2}}) + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(_UserError, match=r"2 different content settings"):
-        _tokenize_file(src, out, chatml_tokenizer_dir, 64, log=lambda m: None)
+        _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64), log=lambda m: None)
     assert not out.exists()
-    _tokenize_file(src, out, chatml_tokenizer_dir, 64, log=lambda m: None, allow_mixed_settings=True)
+    _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64, allow_mixed_settings=True), log=lambda m: None)
     import pyarrow as pa
 
     with pa.memory_map(str(out)) as f:
@@ -674,8 +663,7 @@ def test_kimi_like_tiktoken_tokenizer_needs_trust_remote_code_and_makes_exact_ro
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(record(i, conv, "length" if i == 1 else "stop")) + "\n" for i in range(6)))
     out = tmp_path / "t.arrow"
-    stats = tokenize_file(str(raw), str(out), target_like["kimi"], 4096, processes=2, batch_size=2,
-                          trust_remote_code=True, log=lambda m: None)
+    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=target_like["kimi"], max_length=4096, processes=2, batch_size=2, trust_remote_code=True), log=lambda m: None)
     assert stats["rows"] == 6 and stats["skipped"] == {}
     table, meta = read_stream(str(out))
     assert meta["trust_remote_code"] is True

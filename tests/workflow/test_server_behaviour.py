@@ -304,7 +304,8 @@ def test_fsync_failure_fails_the_job_in_one_line(tmp_path, server, monkeypatch):
 
     t0 = time.monotonic()
     with ScriptedServer(answer) as srv:
-        from budgetgen.settings import InferenceSettings, load_config
+        from budgetgen.configfile import load_config
+        from budgetgen.settings import InferenceSettings
 
         config = load_config(write_job_config(tmp_path, srv.base_url, max_tokens=500, concurrency=4,
                                               progress_interval_s=0.2))

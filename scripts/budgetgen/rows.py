@@ -1,0 +1,269 @@
+"""Training rows for draft models: the prompt exactly as the server fed it to the model, then
+exactly the tokens it generated.
+
+A row is `prompt ids + completion ids`, loss_mask 0 on the prompt and 1 on the completion. The
+generated turn is never passed through the chat template: templates are written for prompting (they
+strip reasoning, prefill `<think>`, rewrite history) and do not reproduce what the model generated.
+
+Server ids: a record with `completion_token_ids` (server.return_token_ids) uses them verbatim, after
+its `prompt_token_ids` when the server returned those too (vLLM, SGLang), else after the rendered
+prompt below. Nothing is appended: a response cut at max_tokens ends where the model stopped.
+
+Text fallback, when the server returned text only:
+  prompt     = apply_chat_template(messages[:-1], add_generation_prompt=True, **kwargs), with the
+               chat_template_kwargs the request used (the record's params.extra_body), tokenized
+               without added special tokens (what the engines do for chat prompts);
+  completion = the model's raw output rebuilt from the record (TurnFormat.completion_text):
+               - the generation prompt ends with the opening tag (prefilled): reasoning (even empty or
+                 whitespace) + closing tag + content, as the model must close the block before any
+                 content (no reasoning and the closing tag in the content: a server without a
+                 reasoning parser, the content is the raw output);
+               - it ends with a closed think block (thinking switched off): the model writes no think
+                 block, content; reasoning that is only whitespace is a server's artifact
+                 (transformers serve streams the "\n\n") and is ignored, other reasoning is rebuilt
+                 as below;
+               - else, when the record has reasoning (whitespace only counts: Qwen3's empty
+                 `<think>\n\n</think>` under /no_think): opening tag + reasoning + closing tag +
+                 content;
+               - else content;
+               no closing tag when the response was cut inside the reasoning (finish_reason "length",
+               no content); then the end-of-turn token the template puts after an assistant turn,
+               unless finish_reason is "length".
+The turn's format (end-of-turn token, reasoning delimiters, whether the generation prompt opens or
+closes the reasoning) is derived from the tokenizer and its template (TurnFormat), never from a list of
+known models; delimiters that neither names default to the plain text `<think>` / `</think>` (what
+the engines' reasoning parsers split MiniMax-M1's output on). A record whose raw output cannot be
+rebuilt faithfully (reasoning, but a tokenizer that cannot write those tags: set
+tokenizer.reasoning_tags) is skipped with a counted reason, as are template errors.
+
+Each row also carries its `conversation_id` and `turn` (budgetgen.conversations: with turns: all one
+row per generated turn, its prompt the history the server saw, its completion that turn alone).
+
+The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), written atomically;
+more than max_skipped_pct percent of records skipped fails the job, naming the reason and first id.
+"""
+
+import json
+import operator
+
+from budgetgen.turn_format import TurnFormat, as_parts, check_options, prepare_messages, record_kwargs
+
+# Skip reasons (counted, never written).
+NO_SUPERVISED_TOKENS = "no_supervised_tokens"
+TEMPLATE_ERROR = "template_error"
+SERVER_IDS_OUT_OF_VOCAB = "server_token_ids_out_of_vocab"
+REASONING_DELIMITERS_UNKNOWN = "reasoning_delimiters_unknown"
+
+# What to do about a skip reason, said wherever skips are reported.
+SKIP_HINTS = {
+    REASONING_DELIMITERS_UNKNOWN: "reasoning, but no delimiters to rebuild the raw output with (the tokenizer "
+                                  "cannot write <think> as text): set the ones the model writes, e.g. "
+                                  "tokenizer.reasoning_tags: [\"<think>\", \"</think>\"]",
+}
+
+
+
+class RowEncoder:
+    """A tokenizer plus what encoding needs, built once (per worker process)."""
+
+    def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None,
+                 samples=1, split=None):
+        check_options(max_length, chat_template_kwargs)
+        self.tokenizer = tokenizer
+        self.samples = samples  # generation.samples_per_prompt, for records written before identities
+        self.split = split  # the split whose records become rows (None: every record; budgetgen.mixture)
+        self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
+        self.use_server_ids = use_server_ids
+        self.vocab_size = len(tokenizer)
+        self.max_length = operator.index(max_length)
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.formats = {}  # kwargs json -> TurnFormat (the eot may depend on the template's switches)
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        if self.backend is not None:
+            # One call through the tokenizer sets the backend up as __call__ would (no truncation, no
+            # padding, special-token splitting as configured); the backend is then called directly,
+            # which skips building BatchEncoding/offsets. A per-batch spot check guards the shortcut.
+            tokenizer(["x"], add_special_tokens=False)
+        self.fast_ok = self.backend is not None and hasattr(self.backend, "encode_batch_fast")
+        self.content_parts = self._wants_content_parts()
+        self.direct = self._setup_direct()
+
+    def _wants_content_parts(self):
+        """Whether the template reads message content as OpenAI parts ([{"type": "text", "text"}]),
+        as MiniMax-M1's does (`message['content'][0]['text']`); the engines detect this and convert
+        string contents before rendering, and so does this encoder."""
+        probe = TurnFormat.PROBE
+        conv = [{"role": "user", "content": probe}]
+
+        def renders(c):
+            try:
+                out = self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **self.kwargs)
+            except Exception:
+                return False
+            return probe in out
+
+        return not renders(conv) and renders(as_parts(conv))
+
+    def turn_format(self, kwargs):
+        key = json.dumps(kwargs, sort_keys=True)
+        if key not in self.formats:
+            def render(conv):
+                out, _ = self.render([conv], False, kwargs)
+                return out[0]
+            self.formats[key] = TurnFormat(self.tokenizer, render, self.reasoning_tags)
+        return self.formats[key]
+
+    def ids(self, texts):
+        if not texts:
+            return []
+        if self.fast_ok:
+            out = [enc.ids for enc in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+            if out[0] == self.tokenizer([texts[0]], add_special_tokens=False)["input_ids"][0]:
+                return out
+            self.fast_ok = False
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def render(self, conversations, add_generation_prompt, kwargs):
+        """Render each conversation to text; failures become None (with the first error's text)."""
+        if self.content_parts:
+            conversations = [as_parts(conv) for conv in conversations]
+        if self.direct is not None:
+            out = self._render_direct(conversations, add_generation_prompt, kwargs)
+            if out is not None:
+                return out, None
+        apply = self.tokenizer.apply_chat_template
+        try:
+            return apply(conversations, tokenize=False, add_generation_prompt=add_generation_prompt,
+                         **kwargs), None
+        except Exception:
+            pass
+        out, first_error = [], None
+        for conv in conversations:
+            try:
+                out.append(apply([conv], tokenize=False, add_generation_prompt=add_generation_prompt,
+                                 **kwargs)[0])
+            except Exception as exc:
+                out.append(None)
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+        return out, first_error
+
+    def _setup_direct(self):
+        """The compiled template, to render without apply_chat_template's per-call overhead.
+
+        apply_chat_template deep-copies every conversation into plain data for the sandbox, drops
+        None-valued keys and aliases the reasoning fields; for JSON-loaded messages only the last two
+        change anything, and _prepare does them. A per-batch spot check against apply_chat_template
+        turns this off if it ever renders differently.
+        """
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            template = _compile_jinja_template(self.tokenizer.get_chat_template())
+        except Exception:
+            return None
+        return template, dict(self.tokenizer.special_tokens_map)
+
+    def _render_direct(self, conversations, add_generation_prompt, kwargs):
+        template, variables = self.direct
+        try:
+            out = [template.render(messages=prepare_messages(conv), tools=None, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **variables, **kwargs)
+                   for conv in conversations]
+            check = self.tokenizer.apply_chat_template(
+                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)[0]
+        except Exception:
+            return None  # apply_chat_template's path sorts out which conversation fails
+        if out[0] != check:
+            self.direct = None
+            return None
+        return out
+
+    def encode(self, records):
+        """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
+
+        The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
+        (dict with "messages", "finish_reason", "params"?, "prompt_token_ids"?, "completion_token_ids"?).
+        """
+        n = len(records)
+        results = [None] * n
+        prompt_ids, completion_ids = [None] * n, [None] * n
+        first_error = None
+        need_prompt = []  # indices whose prompt is rendered here
+        for i, rec in enumerate(records):
+            server = rec.get("completion_token_ids") if self.use_server_ids else None
+            if server:
+                if max(server) >= self.vocab_size or min(server) < 0:
+                    results[i] = SERVER_IDS_OUT_OF_VOCAB
+                    continue
+                completion_ids[i] = list(server)
+                if rec.get("prompt_token_ids"):
+                    prompt_ids[i] = list(rec["prompt_token_ids"])
+                    continue
+            need_prompt.append(i)
+        # render the prompts, one group per chat_template_kwargs (each record's own)
+        groups = {}
+        for i in need_prompt:
+            kwargs = record_kwargs(records[i], self.kwargs)
+            groups.setdefault(json.dumps(kwargs, sort_keys=True), (kwargs, []))[1].append(i)
+        texts_of = {}  # index -> completion text to tokenize
+        prompt_text = {}
+        for kwargs, idx in groups.values():
+            fmt = self.turn_format(kwargs)
+            rendered, err = self.render([records[i]["messages"][:-1] for i in idx], True, kwargs)
+            first_error = first_error or err
+            for i, text in zip(idx, rendered):
+                if text is None:
+                    results[i] = TEMPLATE_ERROR
+                    continue
+                prompt_text[i] = text
+                if completion_ids[i] is None:
+                    rec = records[i]
+                    raw = fmt.completion_text(rec["messages"][-1], text, rec.get("finish_reason"))
+                    if raw is None:
+                        results[i] = REASONING_DELIMITERS_UNKNOWN
+                        continue
+                    texts_of[i] = (raw, None if rec.get("finish_reason") == "length" else fmt.eot)
+        order = [i for i in prompt_text if results[i] is None]
+        for i, ids in zip(order, self.ids([prompt_text[i] for i in order])):
+            prompt_ids[i] = ids
+        order = [i for i in texts_of if results[i] is None]
+        for i, ids in zip(order, self.ids([texts_of[i][0] for i in order])):
+            eot = texts_of[i][1]
+            completion_ids[i] = ids + [eot] if eot is not None else ids
+        max_length = self.max_length
+        for i in range(n):
+            if results[i] is not None:
+                continue
+            p, c = prompt_ids[i], completion_ids[i]
+            ids = p + c
+            end = len(ids)
+            if len(ids) > max_length:
+                ids = ids[:max_length]
+                end = max_length
+            if end <= len(p):
+                results[i] = NO_SUPERVISED_TOKENS
+                continue
+            results[i] = (ids, len(p), end)
+        return results, first_error
+
+
+def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_server_ids=True,
+                 reasoning_tags=None):
+    """Encode journal records (or plain conversations: lists of messages whose last one is the
+    generated assistant turn, taken as finished with "stop").
+
+    Returns, per record, (input_ids, loss_mask) as lists of ints, or a skip-reason string
+    ("no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab",
+    "reasoning_delimiters_unknown").
+    """
+    encoder = RowEncoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags)
+    records = [r if isinstance(r, dict) else {"messages": list(r), "finish_reason": "stop"} for r in records]
+    results, _ = encoder.encode(records)
+    out = []
+    for res in results:
+        if isinstance(res, str):
+            out.append(res)
+        else:
+            ids, lp, end = res
+            out.append((list(ids), [0] * lp + [1] * (end - lp) + [0] * (len(ids) - end)))
+    return out
