@@ -12,7 +12,7 @@ from budgetgen.turn_format import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 # datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow
-VALIDATION_DATASETS = [ds for ds in DATASETS if settings.dataset_mixture(config, ds).validation_share > 0]
+VALIDATION_DATASETS = [ds for ds in DATASETS if settings.validation_share(config, ds) > 0]
 
 
 wildcard_constraints:

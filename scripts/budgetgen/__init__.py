@@ -5,8 +5,11 @@ One module per concern:
   fsutil       atomic writes
   configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
   settings     typed settings built once from the validated config (defaults only from the schema)
+  configfile   the config file read outside Snakemake (load_config, --config FILE --dataset D)
   params       the request parameters that affect content, as journaled with every record
   identity     the generation identity of every record, and what a settings change does to a journal
+  mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
+  forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
@@ -17,7 +20,9 @@ One module per concern:
   inference    the dispatch loop tying prompts, budget, client and journal together
   status       budget status of a dataset (the checkpoint's content)
   state        a dataset's state (fresh, partial, met, exhausted, refused), defined once
-  tokenization chat-template rendering, prompt + completion ids, loss masks, Arrow output
+  turn_format  the tokenizer loaded and its template probed: end-of-turn token, reasoning delimiters
+  rows         training rows: prompt + completion ids and loss masks (server ids or the text fallback)
+  tokenization the tokenize job's file driver: batches, worker pool, Arrow output with provenance
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv
   plots        the report's figures of one dataset (data functions + matplotlib drawing)

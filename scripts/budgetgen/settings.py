@@ -82,8 +82,12 @@ def dataset_mixture(config, dataset):
                                 merged_extra_body(g("extra_body"), own.get("extra_body")))
         plan = Plan(turns=c("turns"), samples=int(c("samples_per_prompt")), history_reasoning=c("history_reasoning"))
         cells.append(Cell(name, float(own["share"]), params, plan, Identity.of(settings_of(params, plan))))
-    validation = float((g("validation") or {}).get("share", 0))
-    return Mixture.of(cells, token_budget(config, dataset), validation, int(g("seed")))
+    return Mixture.of(cells, token_budget(config, dataset), validation_share(config, dataset), int(g("seed")))
+
+
+def validation_share(config, dataset):
+    """The share of the dataset's prompts (and budget) its validation split holds (0: none)."""
+    return float((generation_setting(config, dataset, "validation") or {}).get("share", 0))
 
 
 def settings_policy(config, dataset):
@@ -279,7 +283,7 @@ class TokenizeSettings:
             chat_template_kwargs=chat_template_kwargs(config, dataset),
             config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset),
             samples=int(generation_setting(config, dataset, "samples_per_prompt")),
-            validation=dataset_mixture(config, dataset).validation_share > 0,
+            validation=validation_share(config, dataset) > 0,
         )
 
     def options(self, split="train"):

@@ -395,7 +395,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     ds = datasets.Dataset.from_file(out)
     assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised",
-                               "finish_reason", "conversation_id", "turn", "prompt_id", "identity"]
+                               "finish_reason", "conversation_id", "turn", "prompt_id", "identity", "cell"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
     row, tok = ds[3], toks["chatml"]
@@ -434,6 +434,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "config_sha256": None,
         "rows": 38,
         "skipped": {NO_SUPERVISED_TOKENS: 2},
+        "split": "all",  # every record (a dataset with a validation split: one split per file)
+        "cells": ["default"],
     }
     assert not [n for n in os.listdir(tmp_path) if n != "tokenized.arrow"]  # no temp files left
 

@@ -22,7 +22,7 @@ def test_export_target_writes_specforge_jsonl_pretokenized_jsonl_and_hf_dataset(
     exported = [json.loads(line) for line in lines]
     assert [r["id"] for r in exported] == [r["id"] for r in raw]
     for rec, src in zip(exported, raw):
-        assert set(rec) == {"id", "conversations"}
+        assert set(rec) == {"id", "conversations", "cell"} and rec["cell"] == "default"
         assert rec["conversations"][-1]["role"] == "assistant"
         assert rec["conversations"][-1]["content"] == src["messages"][-1]["content"]
         assert rec["conversations"][-1]["reasoning_content"] == src["messages"][-1]["reasoning_content"]
@@ -32,7 +32,7 @@ def test_export_target_writes_specforge_jsonl_pretokenized_jsonl_and_hf_dataset(
     assert hf["loss_mask"] == tokenized["loss_mask"]
     assert all(m == [1] * len(ids) for m, ids in zip(hf["attention_mask"], hf["input_ids"]))
     pre = [json.loads(line) for line in wf.path("results", "A", "export", "pretokenized.jsonl").read_text().splitlines()]
-    assert [set(r) for r in pre] == [{"id", "input_ids", "loss_mask"}] * tokenized.num_rows
+    assert [set(r) for r in pre] == [{"id", "input_ids", "loss_mask", "cell"}] * tokenized.num_rows
     assert [r["id"] for r in pre] == tokenized["id"]
     assert [r["input_ids"] for r in pre] == tokenized["input_ids"]
     assert [r["loss_mask"] for r in pre] == tokenized["loss_mask"]
