@@ -85,6 +85,7 @@ class LengthModel:
         self.largest = self.max_tokens  # no final length's mean or spread can exceed this (+ streamed)
         self.counts = {}  # length -> responses of that length
         self.distinct = []  # the lengths seen, sorted
+        self._view = None  # the CensoredLengths view inflight_moments reads (rebuilt as the lengths grow)
         for length in lengths:
             self.observe(length)
 
@@ -129,7 +130,7 @@ class LengthModel:
         rebuilt only when the finished lengths grew by REBUILD_SHARE (its censoring: the requests in flight
         then; mid-run they are a sample of the same distribution), evaluated for every request at once
         (numpy): the budget rule's cost per decision stays flat as the run grows."""
-        view = getattr(self, "_view", None)
+        view = self._view
         if view is None or self.n - view.built_n >= max(1, self.REBUILD_SHARE * view.built_n):
             view = self._view = CensoredLengths(self, inflight_streamed)
             view.freeze()

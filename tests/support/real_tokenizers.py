@@ -422,18 +422,14 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
     again, which halves the test's runtime (loading is most of it). Everything else is the real code.
 
     One input file for all of a family's records (their chat-template kwargs differ: each row must be
-    tokenized with its own request's, item 6) where tokenize_file takes allow_mixed_settings; else one file
-    per content-settings group. The skip gate (item 7) is lifted: it is tested elsewhere, and here every
-    row is counted on its own.
+    tokenized with its own request's, item 6), with allow_mixed_settings. The skip gate (item 7) is
+    lifted: it is tested elsewhere, and here every row is counted on its own.
     """
-    import inspect
-
     import pyarrow as pa
 
     from budgetgen import tokenization
     from budgetgen.tokenization import TokenizeOptions, tokenize_file
 
-    accepted = inspect.signature(tokenize_file).parameters
     real_load = tokenization.load_tokenizer
     folder = os.path.realpath(tokenizer_path)
 
@@ -442,13 +438,9 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
             return tokenizer
         return real_load(path, *args, **kwargs)
 
-    options = {"max_skipped_pct": 100.0, "allow_mixed_settings": True, "log": lambda *a, **k: None,
-               "reasoning_tags": reasoning_tags}
-    extra = {k: v for k, v in options.items() if k in accepted}
-    groups = {}
-    for rec in records:
-        key = "all" if "allow_mixed_settings" in extra else json.dumps(rec["params"], sort_keys=True)
-        groups.setdefault(key, []).append(rec)
+    options = TokenizeOptions(tokenizer=tokenizer_path, max_length=65536, max_skipped_pct=100.0,
+                              allow_mixed_settings=True, reasoning_tags=reasoning_tags)
+    groups = {"all": list(records)}
     rows, errors = {}, []
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -459,7 +451,7 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         try:
             with mock.patch.object(tokenization, "load_tokenizer", load_once):
-                stats = tokenize_file(src, out, TokenizeOptions(tokenizer=tokenizer_path, max_length=65536, **extra))
+                stats = tokenize_file(src, out, options, log=lambda *a, **k: None)
         except Exception as exc:  # a refusal is a result here: every row of the file is missing
             errors.append(f"{type(exc).__name__}: {exc}")
             continue
