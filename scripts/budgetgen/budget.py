@@ -241,6 +241,11 @@ class CensoredLengths:
             counts[t] += c
         self.a_beyond = model.n - np.cumsum(counts)  # [k]: finished lengths > k
         self.max_tokens = model.max_tokens
+        # the moments beyond each support index, for requests with MIN_SAMPLES finished lengths beyond
+        # them (no blend with the prior: most of a long run)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.a_mean = np.where(self.a_w > 1e-12, self.a_m / self.a_w, 0.0)
+            self.a_var = np.maximum(0.0, np.where(self.a_w > 1e-12, self.a_q / self.a_w, 0.0) - self.a_mean**2)
 
     def sum_moments(self, inflight_streamed):
         """(sum of means, sum of variances) of final_moments over the requests in flight, vectorized: the
@@ -250,7 +255,11 @@ class CensoredLengths:
         k = np.maximum(0, np.asarray(inflight_streamed, dtype=np.float64).astype(np.int64))
         j = np.searchsorted(self.a_points, k, side="right")
         mass = self.a_w[j]
-        c = self.a_beyond[np.minimum(k, len(self.a_beyond) - 1)].astype(np.float64)
+        c = self.a_beyond[np.minimum(k, len(self.a_beyond) - 1)]
+        if c.min() >= LengthModel.MIN_SAMPLES and mass.min() > 1e-12:  # no blend: the moments as they are
+            cap = np.maximum(self.max_tokens, k + 1)
+            return float(np.minimum(np.maximum(self.a_mean[j], k + 1), cap).sum()), float(self.a_var[j].sum())
+        c = c.astype(np.float64)
         empty = (mass <= 1e-12) | (c <= 0)
         safe = np.where(empty, 1.0, mass)
         mean = self.a_m[j] / safe
