@@ -303,6 +303,13 @@ def main(argv=None):
         notes.append(f"Goal at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,} (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
                      f"not kept on every seed): {'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, "
                      f"not kept max {disc:.3f}%).")
+        oracle = [q for q in runs if q[0] == "oracle" and q[2] == p[2]]
+        if oracle:  # issue 22 goal 1: every seed within the oracle's worst seed + 0.5 percentage points
+            floor = max(r["over_pct"] for r in per[oracle[0]])
+            notes.append(f"Goal (issue 22) at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,}: every "
+                         f"seed <= the oracle's worst {floor:+.3f}% + 0.5 points and >= budget, 0 % not kept: "
+                         f"{'met' if over <= floor + 0.5 and under >= 0 and disc == 0 else 'NOT met'} "
+                         f"(worst {over:+.3f}%).")
     name = "budget-means" if args.budget_means else "budget"
     common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight, oracle",
                   headers, rows, notes)

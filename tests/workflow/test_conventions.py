@@ -160,6 +160,20 @@ def test_the_product_never_imports_the_test_kit():
         assert "budgetgen_testkit" not in smk.read_text(), f"{smk.name} names budgetgen_testkit"
 
 
+def test_no_import_circle_between_the_config_modules_and_tokenize_modules_stay_small():
+    """budgetgen.configcheck imports budgetgen.settings and not the reverse (the config file itself is
+    read by budgetgen.configfile); the tokenize job's three modules (turn_format, rows, tokenization)
+    stay within 400 lines each (issue 22)."""
+    pkg = REPO / "scripts" / "budgetgen"
+    tree = ast.parse((pkg / "settings.py").read_text())
+    settings_imports = {node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) and node.module}
+    assert settings_imports and not settings_imports & {"configcheck", "configfile"}, settings_imports
+    for name in ("turn_format", "rows", "tokenization"):
+        lines = len((pkg / f"{name}.py").read_text().splitlines())
+        assert lines <= 400, f"budgetgen/{name}.py has {lines} lines"
+
+
 @pytest.mark.parametrize("package", ["budgetgen", "budgetgen_testkit"])
 def test_readme_developer_map_and_package_docstring_list_every_module(package):
     modules = sorted(p.stem for p in (REPO / "scripts" / package).glob("*.py") if p.stem != "__init__")
