@@ -5,6 +5,7 @@ tokenizer.forecast_dtype_bytes (2, bf16). The model's shape is read from its con
 (tokenizer.model_config, or config.json in the tokenizer folder when that is the model's folder);
 a multimodal config's text_config is read when the top level has no hidden_size."""
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -46,6 +47,12 @@ class DumpShape:
         except (TypeError, ValueError):
             raise UserError(f"{path}: hidden_size and num_hidden_layers must be integers") from None
         return cls(hidden, layers, min(aux_layers, layers) + 1, int(dtype_bytes), os.fspath(path))
+
+    @classmethod
+    @functools.lru_cache(maxsize=8)
+    def read(cls, path, aux_layers=3, dtype_bytes=2, required=False):
+        """from_config_file, read once per process (the settings of every dataset name the same file)."""
+        return cls.from_config_file(path, aux_layers, dtype_bytes, required)
 
     def bytes_for(self, tokens):
         """Bytes of the dump of `tokens` row tokens."""

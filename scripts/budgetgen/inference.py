@@ -244,10 +244,6 @@ class LaneRun:
             self.chains.append(chain)
             self.queue.append(Generation(chain, 1, lane=self.key))
 
-    def lane_summary(self):
-        return {"cell": self.cell.name, "split": self.lane.split, "share": self.cell.share,
-                "identity": self.cell.identity.sha}
-
     def nothing_left(self, journaled_ids, pool):
         return conversations.left(self.chains, journaled_ids, self.errored).to_ask <= 0 and not pool
 
@@ -696,7 +692,7 @@ class InferenceJob:
             "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
             "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,
             "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4), **s.policy.key(),
-            "lanes": {k: {**rs.lanes[k].lane_summary(), **v} for k, v in lanes.items()},
+            "lanes": {k: {**rs.lanes[k].lane.describe(), **v} for k, v in lanes.items()},
             "wall_s": round(time.monotonic() - stats.started, 2),
         })
         return 0

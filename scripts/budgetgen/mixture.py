@@ -79,6 +79,11 @@ class Lane:
     def key(self):
         return lane_key(self.cell.name, self.split)
 
+    def describe(self):
+        """What the status and the done marker say of the lane itself."""
+        return {"cell": self.cell.name, "split": self.split, "share": self.cell.share,
+                "identity": self.cell.identity.sha}
+
 
 def lane_key(cell, split):
     """`CELL` (train) or `CELL/validation`: how a lane is named in the status, the tables and the logs."""
@@ -192,10 +197,9 @@ class LaneAccount:
 
     def summary(self):
         """What the status and the done marker keep of a lane."""
-        return {"cell": self.lane.cell.name, "split": self.lane.split, "share": self.lane.cell.share,
-                "budget": self.lane.budget, "tokens": self.tokens, "responses": self.records,
-                "prompts": len(self.prompts or ()),
-                "errors": self.errors, "exhausted": self.exhausted, "identity": self.lane.cell.identity.sha}
+        return {**self.lane.describe(), "budget": self.lane.budget, "tokens": self.tokens,
+                "responses": self.records, "prompts": len(self.prompts or ()), "errors": self.errors,
+                "exhausted": self.exhausted}
 
 
 def account(mix, policy, prompt_list, journaled, errors_by_sha):

@@ -90,9 +90,10 @@ def validation_share(config, dataset):
     return float((generation_setting(config, dataset, "validation") or {}).get("share", 0))
 
 
-def settings_policy(config, dataset):
-    """The identities now (one per cell) and generation.on_settings_change: which journal records count."""
-    mix = dataset_mixture(config, dataset)
+def settings_policy(config, dataset, mix=None):
+    """The identities now (one per cell) and generation.on_settings_change: which journal records count;
+    `mix`: the dataset's mixture when the caller has built it."""
+    mix = mix or dataset_mixture(config, dataset)
     cells = () if len(mix.cells) == 1 else tuple((c.name, c.identity) for c in mix.cells)
     return Policy(mix.cells[0].identity, generation_setting(config, dataset, "on_settings_change"), cells=cells,
                   layout=mix.layout_sha())
@@ -198,6 +199,7 @@ class InferenceSettings:
         concurrency = int(g("concurrency"))
         if slots is not None:
             concurrency = min(concurrency, int(slots))
+        mix = dataset_mixture(config, dataset)
         return cls(
             paths=DatasetPaths.of(config, dataset), budget=token_budget(config, dataset),
             urls=tuple([urls] if isinstance(urls, str) else urls), model=server["model"],
@@ -213,7 +215,7 @@ class InferenceSettings:
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),
             launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
-            policy=settings_policy(config, dataset), mixture=dataset_mixture(config, dataset),
+            policy=settings_policy(config, dataset, mix), mixture=mix,
             earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
         )
 
@@ -244,7 +246,7 @@ def dump_shape(config):
     from .forecast import DumpShape
 
     t = config["tokenizer"]
-    return DumpShape.from_config_file(t.get("model_config") or os.path.join(t["path"], "config.json"),
+    return DumpShape.read(t.get("model_config") or os.path.join(t["path"], "config.json"),
                                       aux_layers=int(t["forecast_aux_layers"]), dtype_bytes=int(t["forecast_dtype_bytes"]),
                                       required=bool(t.get("model_config")))
 
