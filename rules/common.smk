@@ -7,7 +7,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
-from budgetgen import configcheck, settings, state, status  # noqa: E402
+from budgetgen import cluster, configcheck, settings, state, status  # noqa: E402
 from budgetgen.turn_format import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -78,8 +78,19 @@ def inference_threads():
     return settings.inference_threads(config)
 
 
+def inference_resources():
+    return cluster.inference_resources(config)
+
+
+def profile_resources():
+    """The profile's default-resources and set-resources (Snakemake's parsed values)."""
+    rs = workflow.resource_settings
+    return rs.default_resources, rs.overwrite_resources
+
+
 for _problem in (
     configcheck.config_problem(config),
+    cluster.profile_problem(config, *profile_resources()),
     configcheck.api_key_warning(config, os.environ),
     configcheck.identical_samples_warning(config),
 ):
@@ -128,6 +139,7 @@ def print_status_table():
                 ds, dataset_files(ds), s.mixture.budgets(), s.policy, status.table_counts(s)
             )
         print(state.format_status_table(rows), file=sys.stderr)
+        print("budgetgen: " + cluster.request_line(config, *profile_resources()), file=sys.stderr)
 
 
 print_status_table()

@@ -25,12 +25,12 @@ rule inference:
     # under any --cores (the server's queue fills the slots a dataset's drain leaves idle); 1 with
     # server.launch (the job starts a server of its own)
     threads: inference_threads()
+    # what a cluster job asks for follows the server mode (budgetgen.cluster): an HTTP client of
+    # server.base_url one CPU and no GPU; a job that launches its server what that server needs
     resources:
+        **inference_resources(),
         # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
         server_slots=lambda wc: generation_setting(wc.dataset, "concurrency"),
-        # a SLURM job's CPUs (sbatch refuses the 0 threads would give); profiles/slurm sets those of a
-        # launched server
-        cpus_per_task=1,
     params:
         # the rerun trigger: content settings (budget, max_tokens, temperature, top_p, seed, extra_body;
         # budgetgen.settings.CONTENT_GENERATION_KEYS); the job reads every setting from the config
