@@ -79,6 +79,9 @@ def fmt_eta(seconds):
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+NAME_WIDTH = 40  # terminal_line's name column: `D/CELL/validation` names up to 40 characters align
+
+
 class RunStats:
     """What this run did, for the progress line and the done marker."""
 
@@ -115,7 +118,7 @@ class RunStats:
         eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
         if state.startswith("done"):
             eta = 0  # finished: exhausted short of the budget has nothing left to wait for
-        return (f"budgetgen {dataset:<20} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
+        return (f"budgetgen {dataset:<{NAME_WIDTH}} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
                 f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  ETA {fmt_eta(eta):>8}  {state}")
 
 

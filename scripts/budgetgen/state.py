@@ -182,6 +182,8 @@ def status_rows(name, files, budget, policy, scan_journal):
     if len(lanes) > 1:
         for k, v in lanes.items():
             lane = lanes_state({k: v}) if not state.startswith(REFUSED) else REFUSED
+            if lane == PARTIAL and not v["tokens"] and not responses[k]:
+                lane = FRESH  # nothing journaled in this lane yet
             rows.append((f"{name}/{k}", v["tokens"], v["budget"], max(0, v["budget"] - v["tokens"]), responses[k],
                          lane, read_now))
     return rows
