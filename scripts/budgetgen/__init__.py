@@ -6,6 +6,7 @@ One module per concern:
   configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
   settings     typed settings built once from the validated config (defaults only from the schema)
   configfile   the config file read outside Snakemake (load_config, --config FILE --dataset D)
+  template_check  chat_template_kwargs against the target's chat template (keys it reads, cells that differ)
   params       the request parameters that affect content, as journaled with every record
   identity     the generation identity of every record, and what a settings change does to a journal
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed

@@ -7,6 +7,8 @@
   validation prints the whole schema fragment, which hides the key). A key the schema forbids with
   `not: {}` reads `not allowed here (DESCRIPTION)`, `{section}` in the key's description being the
   path two levels above the key (generation or datasets.D for an extra_body key).
+- What a schema cannot check (config_problem): files, budgets, mixtures, and every chat_template_kwargs
+  key read by the target's chat template (budgetgen.template_check).
 """
 
 import yaml
@@ -15,6 +17,8 @@ from .settings import dataset_mixture, generation_setting
 
 _MERGE = "tag:yaml.org,2002:merge"
 _MESSAGE_MAX = 300
+# markers of passed chat-template checks (budgetgen.template_check), in the working directory
+TEMPLATE_CHECK_CACHE = ".snakemake/budgetgen/template_check"
 
 
 def duplicate_key(path):
@@ -102,7 +106,8 @@ def schema_error(config, schema_path):
 
 def config_problem(config):
     """What a schema cannot check, as one line naming the key, or None: the files a dataset names
-    exist, and every dataset has a token budget (its own or generation's)."""
+    exist, every dataset has a token budget (its own or generation's), its mixture is sound, and the
+    chat_template_kwargs are read by the target's chat template (budgetgen.template_check)."""
     import os
 
     model_config = config["tokenizer"].get("model_config")
@@ -121,7 +126,9 @@ def config_problem(config):
         problem = mixture_problem(config, ds)
         if problem:
             return problem
-    return None
+    from .template_check import template_problem
+
+    return template_problem(config, cache_dir=TEMPLATE_CHECK_CACHE)
 
 
 def mixture_problem(config, ds):
