@@ -64,3 +64,23 @@ def fsync_dir(directory):
         pass
     finally:
         os.close(fd)
+
+
+def remove_outputs(paths):
+    """Remove files and folders (a folder is renamed aside first, so it is gone at once, then deleted);
+    returns the paths that existed."""
+    import shutil
+
+    removed = []
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            aside = f"{path}.removing.{os.getpid()}"
+            os.replace(path, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+        removed.append(path)
+    return removed

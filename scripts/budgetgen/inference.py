@@ -35,11 +35,11 @@ from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError, terminal
 from .forecast import human_bytes
-from .fsutil import write_json_atomic
+from .fsutil import remove_outputs, write_json_atomic
 from .launch import LaunchedServer
 from .settings import InferenceSettings
 from .state import lanes_state
-from .status import scan_lanes
+from .status import compute_status, scan_lanes
 
 log = logging.getLogger(__name__)
 
@@ -282,16 +282,15 @@ def prepare(s):
         log.info(f"  skipped {s.paths.prompts}:{line}: {reason}")
     lock = journal.JournalLock(s.paths.journal).acquire()
     try:
-        # The done marker and the files finalized from the journal say "finished with these settings";
-        # from here on this run decides. Left in place, a run interrupted after a settings change
-        # (budget raised, prompts added) would leave them to satisfy the DAG with the old data: Snakemake
-        # records the interrupted job's new params, and a consumer whose output exists is not rerun
-        # for a missing input. Removed, the next run must go through this job again.
-        for path in (s.paths.done, s.paths.raw_responses):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        # The done marker and the files made from the journal say "finished with these settings"; from
+        # here on this run decides. Left in place, a run interrupted, refused or failed after a settings
+        # change (budget raised, prompts added) would leave them to satisfy the DAG with the old data
+        # (Snakemake records the interrupted job's new params, and a consumer whose output exists is not
+        # rerun for a missing input), and rows, plots and a summary that look finished. Removed, the next
+        # run must go through this job again, and only a run that ends met or exhausted remakes them.
+        removed = remove_outputs(s.paths.finished_outputs())
+        if removed:
+            log.info("Removed the earlier run's outputs until this run ends met or exhausted: " + ", ".join(removed))
         policy, samples, mix = s.policy, s.plan.samples, s.mixture
         journaled = scan_lanes(s, pset.prompts, repair=True)
         if journaled.repaired_bytes:
@@ -701,7 +700,15 @@ class InferenceJob:
         return 0
 
     def close(self):
-        if self.lock:
+        """Rewrite the status checkpoint's file with the journal's counts as this run leaves it (the
+        checkpoint wrote it before the run, and never runs again for it), then release the journal."""
+        if not self.lock:
+            return
+        try:
+            write_json_atomic(self.s.paths.status, compute_status(self.s))
+        except Exception as exc:  # never hide why the run ended; the next checkpoint run recounts
+            log.info(f"budget status not rewritten ({self.s.paths.status}): {exc}")
+        finally:
             self.lock.release()
 
 

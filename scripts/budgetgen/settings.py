@@ -151,6 +151,15 @@ class DatasetPaths:
                    validation=f"{base}/validation.arrow",
                    inference_log=f"logs/inference/{dataset}.log", server_log=f"logs/server/{dataset}.log")
 
+    def finished_outputs(self):
+        """What says "this dataset is finished" downstream of the journal: the done marker, the files
+        made from it (raw_responses, rows, plots, exports) and the summary of every dataset. The
+        inference job removes them as it starts (budgetgen.fsutil.remove_outputs): until it ends met
+        or exhausted, none of an earlier run may sit beside a journal that has moved on."""
+        base = os.path.dirname(self.raw_responses)
+        return (self.done, self.raw_responses, self.tokenized, self.validation, f"{base}/plots", f"{base}/export",
+                os.path.join(os.path.dirname(base), "summary.tsv"))
+
 
 @dataclass(frozen=True)
 class InferenceSettings:

@@ -57,8 +57,11 @@ class Workflow:
             yaml.safe_dump(self.config, f, sort_keys=False)
 
     def cmd(self, *args):
+        """snakemake on this directory; a dry-run lists its jobs (profiles/default's `quiet: rules` hides
+        the listing planned_inference reads; `--quiet host` on the command line replaces it)."""
+        listing = list(LISTING) if ("-n" in args or "--dry-run" in args) and "--quiet" not in args else []
         return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(self.dir),
-                "--configfile", str(self.dir / "config.yaml"), *args]
+                "--configfile", str(self.dir / "config.yaml"), *args, *listing]
 
     def run(self, *args, check=True, timeout=300, env=None):
         proc = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout,
@@ -108,6 +111,10 @@ def planned_jobs(output):
             if len(parts) == 2 and parts[1].isdigit():
                 counts[parts[0]] = int(parts[1])
     return counts
+
+
+# A dry-run's job listing, which profiles/default's `quiet: rules` hides (the command line's --quiet wins)
+LISTING = ("--quiet", "host")
 
 
 def planned_inference(output):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from support import REPO
-from support.workflow import Workflow, base_config, planned_inference, wait_for, write_prompts
+from support.workflow import LISTING, Workflow, base_config, planned_inference, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ def test_a_user_configfile_stands_alone_next_to_the_bundled_config(tmp_path, ser
     (wd / "my.yaml").write_text(yaml.safe_dump(mine))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(wd),
            "--configfile", str(wd / "my.yaml")]
-    dry = subprocess.run(cmd + ["-n", "all"], capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(cmd + ["-n", "all", *LISTING], capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert planned_inference(dry.stdout + dry.stderr) == {"Y"}
     run = subprocess.run(cmd + ["--cores", "1", "results/Y/inference.done"], capture_output=True, text=True,

@@ -1,14 +1,18 @@
 """Real snakemake runs of the workflow (-s REPO/Snakefile -d WORKDIR) against a real mock server."""
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
 import pytest
 from datasets import Dataset
 
+from support import REPO
 from support.workflow import (
     Workflow,
     base_config,
@@ -66,11 +70,15 @@ def test_dry_run_lists_only_unfinished_dataset_and_budget_raise_resumes(tmp_path
     assert planned_inference(fresh.output) == {"B1", "B2", "B3"}  # fresh tree: no <TBD> hiding them
     wf.run("--cores", "2", "all")
     # B3 half done, as a crash mid-inference leaves it: a partial journal, no done marker and
-    # no final files yet
+    # no final files yet, and a status of at most the journal's tokens (a killed job leaves the one the
+    # checkpoint wrote before it; one that ends rewrites it): here the checkpoint script's own count
     lines = wf.journal_lines("B3")
     wf.path("results", "B3", "journal.jsonl").write_text("".join(lines[: len(lines) // 2]))
     for name in ("inference.done", "raw_responses.jsonl", "tokenized.arrow"):
         wf.path("results", "B3", name).unlink()
+    subprocess.run([sys.executable, str(REPO / "scripts" / "budget_status.py"), "--config", "config.yaml",
+                    "--dataset", "B3"], cwd=wf.dir, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
     dry = wf.run("-n", "all")
     assert planned_inference(dry.output) == {"B3"}
     assert planned_jobs(dry.output).get("inference") == 1
