@@ -3,9 +3,17 @@
 being exhausted), its state (fresh/partial/met/exhausted/refused), tok/s and req/s over the last minute,
 the ETA and the errors, and a total line for the whole run.
 
-    python scripts/watch.py [-d WORKDIR] [--config FILE]            # refreshes in place; Ctrl-C to leave
+    python scripts/watch.py [-d WORKDIR] [--config FILE]            # refreshes every --interval; Ctrl-C to leave
     python scripts/watch.py -d WORKDIR --once                       # one table, then exit
     python scripts/watch.py -d WORKDIR --once --tsv                 # one machine-readable table
+
+WORKDIR is the run's working directory, as snakemake's -d: the folder holding results/ and logs/
+(default: the current one). The config is WORKDIR/config.yaml (or WORKDIR/config/config.yaml) unless
+--config names it (the file given to snakemake with --configfile; relative to WORKDIR unless absolute).
+
+On a terminal the table is drawn with colours and refreshes in place. Anywhere else (a pipe, a file,
+a script, a CI log) it is plain text: --once prints it once; without --once a new table is appended
+every --interval seconds (with the time in its title), never an escape sequence.
 
 Read only (budgetgen.watch): it reads the journals and status files, takes no lock and writes nothing,
 so it runs beside `snakemake` while a run holds its lock, from another shell or a login node on the
@@ -19,16 +27,21 @@ import time
 
 from budgetgen.configfile import load_config
 from budgetgen.errors import UserError, run_main
-from budgetgen.watch import Watcher, format_tsv, render
+from budgetgen.watch import Watcher, format_plain, format_tsv, render
+
+DEFAULT_CONFIGS = ("config.yaml", os.path.join("config", "config.yaml"))  # as snakemake -d finds them
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--directory", "-d", default=".", help="the run's working directory (default: the current one)")
-    ap.add_argument("--config", default="config.yaml",
-                    help="the run's config file, relative to the working directory unless absolute "
-                         "(default %(default)s; the file given to snakemake with --configfile)")
-    ap.add_argument("--once", action="store_true", help="print one table and exit (for scripts and CI)")
+    ap.add_argument("--directory", "-d", default=".", metavar="DIR",
+                    help="the run's working directory, as snakemake's -d: the folder holding config.yaml, "
+                         "results/ and logs/ (default: the current one)")
+    ap.add_argument("--config", default=None, metavar="FILE",
+                    help="the run's config file (the one given to snakemake with --configfile), relative to DIR "
+                         f"unless absolute (default: {' or '.join(DEFAULT_CONFIGS)} in DIR)")
+    ap.add_argument("--once", action="store_true",
+                    help="print one table and exit (for scripts and CI; plain text unless stdout is a terminal)")
     ap.add_argument("--tsv", action="store_true", help="tab-separated values instead of the table (with --once)")
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default %(default)s)")
     a = ap.parse_args(argv)
@@ -39,35 +52,57 @@ def parse_args(argv):
     return a
 
 
+def find_config(directory, config):
+    """The config file's absolute path; one line naming the paths tried when there is none."""
+    tried = [os.path.abspath(os.path.join(directory, c)) for c in ([config] if config else DEFAULT_CONFIGS)]
+    for path in tried:
+        if os.path.isfile(path):
+            return path
+    hint = ""
+    if config and not os.path.isabs(config) and os.path.isfile(config) and os.path.abspath(config) not in tried:
+        hint = f"; {os.path.abspath(config)} exists (relative to the current folder): give that path"
+    what = f"--config {config}: no such file" if config else f"no config file in {os.path.abspath(directory)}"
+    raise UserError(f"{what} (tried {', '.join(tried)}){hint}: give the run's working directory with -d DIR, "
+                    "or its config with --config FILE (the one given to snakemake with --configfile)")
+
+
 def main(argv=None):
     a = parse_args(argv)
     if not os.path.isdir(a.directory):
         raise UserError(f"--directory {a.directory}: no such folder")
-    config_path = os.path.abspath(os.path.join(a.directory, a.config))
-    config = load_config(config_path)
+    config = load_config(find_config(a.directory, a.config))
     os.chdir(a.directory)  # the workflow's paths are relative to its working directory
     watcher = Watcher(config)
     title = f"budgetgen {os.getcwd()}"
-    if a.once:
-        views = watcher.views()
-        if a.tsv:
-            sys.stdout.write(format_tsv(views))
-        else:
-            from rich.console import Console
-
-            console = Console()
-            if not console.is_terminal:  # a pipe or a CI log: wide enough for every column
-                console = Console(width=max(console.width, 150))
-            console.print(render(views, title))
-        return 0
-    from rich.live import Live
-
+    terminal = sys.stdout.isatty()
     try:
+        if a.once:
+            views = watcher.views()
+            if a.tsv:
+                sys.stdout.write(format_tsv(views))
+            elif terminal:
+                from rich.console import Console
+
+                Console().print(render(views, title))
+            else:
+                sys.stdout.write(format_plain(views, title))
+            sys.stdout.flush()
+            return 0
+        if not terminal:  # a pipe, a file, a CI log: a plain table appended every interval
+            while True:
+                sys.stdout.write(format_plain(watcher.views(), f"{title}  {time.strftime('%H:%M:%S')}") + "\n")
+                sys.stdout.flush()
+                time.sleep(a.interval)
+        from rich.live import Live
+
         with Live(render(watcher.views(), title), auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(a.interval)
                 live.update(render(watcher.views(), f"{title}  {time.strftime('%H:%M:%S')}"), refresh=True)
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `watch.py | head`: the reader is gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

@@ -214,28 +214,65 @@ def format_tsv(views):
     return "\n".join(lines) + "\n"
 
 
+COLUMNS = (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"), ("state", "left"),
+           ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"), ("errors", "right"))
+BAR_WIDTH = 20
+
+
+def _rows(views):
+    """The table's rows, the same for the rich table and the plain one: per view (cells, bar) with bar
+    (completed, total) of tokens of the budget, or of generations for a dataset being exhausted; then
+    the total line (its bar None)."""
+    from .inference import fmt_eta
+
+    out = []
+    for v in views:
+        exhausting = v.state == state.EXHAUSTED or (v.generations and v.generations_done >= v.generations)
+        bar = ((v.generations_done, max(1, v.generations)) if exhausting
+               else (min(v.tokens, v.budget), max(1, v.budget)))
+        out.append(([v.name, "", f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
+                     f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors)], bar))
+    tokens, budget, left, tps, eta = total(views)
+    out.append((["total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
+                 f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
+                 str(sum(v.errors for v in views))], None))
+    return out
+
+
+def format_plain(views, title):
+    """The table as plain text (no escape sequences, no box drawing: a pipe, a file, a CI log), the
+    title first and the total line last, below a rule."""
+    rows = []
+    for cells, bar in _rows(views):
+        if bar is not None:
+            done, of = bar
+            filled = min(BAR_WIDTH, int(BAR_WIDTH * done / of))
+            cells[1] = "[" + "#" * filled + "-" * (BAR_WIDTH - filled) + "]"
+        rows.append(cells)
+    header = [name for name, _ in COLUMNS]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(COLUMNS))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if justify == "left" else c.rjust(w)
+                         for c, w, (_, justify) in zip(cells, widths, COLUMNS)).rstrip()
+
+    body = [line(header)] + [line(r) for r in rows[:-1]] + ["-" * len(line(header)), line(rows[-1])]
+    return "\n".join([title] + body) + "\n"
+
+
 def render(views, title):
     """A rich Table of the views (progress bars of tokens of the budget, or of generations for a
-    dataset being exhausted) and the total line."""
+    dataset being exhausted) and the total line: for a terminal (format_plain elsewhere)."""
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    from .inference import fmt_eta
-
     table = Table(title=title, title_justify="left", expand=False)
-    for name, justify in (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"),
-                          ("state", "left"), ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"),
-                          ("errors", "right")):
+    for name, justify in COLUMNS:
         table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))
-    for v in views:
-        exhausting = v.state == state.EXHAUSTED or (v.generations and v.generations_done >= v.generations)
-        bar = (ProgressBar(total=max(1, v.generations), completed=v.generations_done, width=20) if exhausting
-               else ProgressBar(total=max(1, v.budget), completed=min(v.tokens, v.budget), width=20))
-        table.add_row(v.name, bar, f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
-                      f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors))
-    tokens, budget, left, tps, eta = total(views)
+    rows = _rows(views)
+    for cells, (done, of) in rows[:-1]:
+        cells[1] = ProgressBar(total=of, completed=done, width=BAR_WIDTH)
+        table.add_row(*cells)
     table.add_section()
-    table.add_row("total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
-                  f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
-                  str(sum(v.errors for v in views)))
+    table.add_row(*rows[-1][0])
     return table

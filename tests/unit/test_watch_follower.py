@@ -1,10 +1,12 @@
 """budgetgen.watch.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
-file replaced or cut under it, records of other generation identities; rates from the records."""
+file replaced or cut under it, records of other generation identities; rates from the records; the plain-text table (format_plain) for a pipe."""
 
 import os
+import re
 
 from budgetgen import journal
-from budgetgen.watch import JournalFollower, total
+from budgetgen import state
+from budgetgen.watch import DatasetView, JournalFollower, format_plain, total
 
 
 def rec(i, tokens, done_at, identity="a"):
@@ -62,3 +64,19 @@ def test_rates_over_the_last_minute_and_the_total():
 
     tokens, budget, left, tps, eta = total([V(50, 100, 5.0, False), V(300, 200, 0.0, True)])
     assert (tokens, budget, left, tps, eta) == (350, 300, 50, 5.0, 10.0)
+
+
+def test_plain_table_has_every_dataset_its_state_and_no_escape_sequences():
+    views = [DatasetView("A", 50, 100, 5, 5, 10, state.PARTIAL, 0.5, 5.0, 10.0, 1),
+             DatasetView("B_long_name", 300, 200, 9, 9, 9, state.MET, 0.0, 0.0, 0.0, 0),
+             DatasetView("C", 40, 1000, 4, 4, 4, state.EXHAUSTED, 0.0, 0.0, 0.0, 0)]
+    text = format_plain(views, "budgetgen /w")
+    lines = text.splitlines()
+    assert text.isascii() and "\x1b" not in text and lines[0] == "budgetgen /w"
+    assert lines[1].split()[:2] == ["dataset", "progress"]
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert "[##########----------]" in rows["A"] and " partial " in rows["A"]  # half the budget
+    assert "[####################]" in rows["B_long_name"] and " met " in rows["B_long_name"]
+    assert "[####################]" in rows["C"] and " exhausted " in rows["C"]  # every generation asked
+    assert set(lines[-2]) == {"-"} and lines[-1].startswith("total") and "50 tokens left" in lines[-1]
+    assert len({re.search(r"[\d,]+ / [\d,]+", line).end() for line in lines[2:] if " / " in line}) == 1  # aligned

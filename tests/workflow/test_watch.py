@@ -1,7 +1,8 @@
 """Watching a run: the compact per-dataset progress lines each inference job writes to the run's terminal,
 and scripts/watch.py, the read-only view of a working directory, on a live run (a real snakemake holding
 its lock, a real mock server) and on a finished one (the same figures as summary.tsv), through a torn
-journal tail and a journal replaced under it."""
+journal tail and a journal replaced under it; piped (plain text, no escape sequences) from another
+folder with -d, and the one-line hint when no config is found."""
 
 import csv
 import io
@@ -96,7 +97,8 @@ def test_watch_once_on_a_live_run_then_a_finished_one(tmp_path, server, tiny_tok
             assert int(got[ds]["tokens"]) == before[ds] and got[ds]["state"] == "partial", got[ds]
             assert int(got[ds]["responses"]) == len(wf.records(ds))
         assert int(got["TOTAL"]["tokens"]) == sum(before.values())
-        assert table.returncode == 0 and all(f" {ds} " in table.stdout for ds in "AB"), table.stdout + table.stderr
+        assert table.returncode == 0 and plain_rows(table.stdout) == {"A": "partial", "B": "partial"}, (
+            table.stdout + table.stderr)
         assert "total" in table.stdout and "tokens left" in table.stdout
         assert proc.wait(timeout=300) == 0
     finally:
@@ -127,3 +129,68 @@ def test_watch_help_and_a_missing_folder():
     assert subprocess.run(WATCH + ["--help"], capture_output=True, text=True).returncode == 0
     p = subprocess.run(WATCH + ["-d", "/nonexistent/run", "--once"], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.strip() == "error: --directory /nonexistent/run: no such folder"
+
+
+def plain_rows(text):
+    """{dataset: state} of format_plain's table (a row: name, [bar], tokens / budget, %, state, ...)."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"(\S+)\s+\[[#-]{20}\]\s+[\d,]+ / [\d,]+\s+[\d.]+\s+(\S+)\s", line)
+        if m:
+            rows[m[1]] = m[2]
+    return rows
+
+
+def test_watch_once_piped_from_another_folder_prints_every_dataset_as_plain_text(tmp_path, server, tiny_tokenizer):
+    srv = server("--mean-tokens", "20")
+    d = tmp_path / "work"
+    write_prompts(d / "prompts" / "A.jsonl", 60, prefix="A")
+    write_prompts(d / "prompts" / "B.jsonl", 4, prefix="B")  # too few prompts for its budget: exhausted
+    wf = Workflow(d, base_config(srv.base_url, tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl", "token_budget": 300},
+                                                             "B": {"prompts": "prompts/B.jsonl",
+                                                                   "token_budget": 100000}}))
+    wf.run("--cores", "2", "all")
+    with open(wf.path("results", "summary.tsv")) as f:
+        summary = {r["dataset"]: r["status"] for r in csv.DictReader(f, delimiter="\t") if r.get("cell", "all") == "all"}
+    assert summary == {"A": "met", "B": "exhausted"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(wf.path("config.yaml"), wf.path("other.yaml"))
+    env = {**os.environ, "FORCE_COLOR": "1", "TERM": "xterm-256color"}  # rich would colour a pipe under these
+    for extra in ([], ["--config", "other.yaml"]):  # --config relative to -d, not to the current folder
+        p = subprocess.run(WATCH + ["--once", "-d", str(wf.dir), *extra], cwd=elsewhere, capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert p.returncode == 0 and not p.stderr, p.stdout + p.stderr
+        assert "\x1b" not in p.stdout and p.stdout.isascii(), repr(p.stdout)
+        assert p.stdout.splitlines()[0] == f"budgetgen {wf.dir}"
+        assert plain_rows(p.stdout) == summary, p.stdout
+        assert re.search(r"^total\s.*tokens left", p.stdout, re.M), p.stdout
+
+    # without --once, off a terminal: a plain table appended every interval, Ctrl-C leaves with 0
+    live = subprocess.Popen(WATCH + ["-d", str(wf.dir), "--interval", "0.2"], cwd=elsewhere, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = [live.stdout.readline() for _ in range(2 * (len(summary) + 5))]
+        live.send_signal(signal.SIGINT)
+        out, err = live.communicate(timeout=30)
+    finally:
+        if live.poll() is None:
+            live.kill()
+    text = "".join(lines) + out
+    assert live.returncode == 0 and not err, err
+    assert "\x1b" not in text and sum(line.startswith(f"budgetgen {wf.dir}  ") for line in text.splitlines()) >= 2
+    assert plain_rows(text) == summary
+
+
+def test_watch_without_a_config_says_where_it_looked_in_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = subprocess.run(WATCH + ["--once"], cwd=empty, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and not p.stdout and len(p.stderr.splitlines()) == 1, p.stdout + p.stderr
+    assert p.stderr.startswith(f"error: no config file in {empty} (tried {empty / 'config.yaml'}, "
+                               f"{empty / 'config' / 'config.yaml'})"), p.stderr
+    assert "-d DIR" in p.stderr and "--config FILE" in p.stderr
+    p = subprocess.run(WATCH + ["-d", str(empty), "--config", "my.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(f"error: --config my.yaml: no such file (tried {empty / 'my.yaml'})"), p.stderr
