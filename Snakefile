@@ -45,7 +45,12 @@ include: "rules/export.smk"
 
 
 onstart:
+    forget_earlier_failures()
     check_tokenizer_before_jobs()
+
+
+onerror:
+    say_failures_last()
 
 
 rule all:

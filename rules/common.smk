@@ -7,7 +7,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
-from budgetgen import cluster, configcheck, settings, state, status  # noqa: E402
+from budgetgen import cluster, configcheck, failures, settings, state, status  # noqa: E402
 from budgetgen.turn_format import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -98,6 +98,17 @@ for _problem in (
         print(_problem, file=sys.stderr)
     elif _problem:
         raise WorkflowError(_problem)
+
+
+def forget_earlier_failures():
+    """onstart: the failure records left are this run's (budgetgen.failures)."""
+    failures.reset()
+
+
+def say_failures_last():
+    """onerror: one line per failed job with its cause and log, as the run's last lines."""
+    for line in failures.summary_lines(workflow.execution_settings.keep_going):
+        print(line, file=sys.stderr)
 
 
 def check_tokenizer_before_jobs():

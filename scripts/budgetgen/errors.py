@@ -12,18 +12,46 @@ class UserError(Exception):
 
 def run_main(main, argv=None):
     """Run an entry point's main(); turn UserError into `error: ...` on stderr and exit 2."""
+    from .failures import note_cause
+
     try:
         rc = main(argv)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        note_cause(exc)
         sys.exit(exc.exit_code)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # a full disk is the user's to fix, not a bug
+            note_cause(f"{type(exc).__name__}: {exc}")
             raise
         where = f"{exc.filename}: " if exc.filename else ""
+        note_cause(f"{where}no space left on device ({exc}); free space and rerun")
         print(f"error: {where}no space left on device ({exc}); free space and rerun", file=sys.stderr, flush=True)
         sys.exit(UserError.exit_code)
+    except Exception as exc:
+        note_cause(f"{type(exc).__name__}: {exc} (a bug: the traceback is in the log)")
+        raise
     sys.exit(rc or 0)
+
+
+def _run_recording_failure(smk, run):
+    """Run `run()` as a Snakemake job: clear the job's failure record, and write one if it fails."""
+    from . import failures
+
+    wildcards = list(smk.wildcards)
+    failures.clear(smk.rule, wildcards)
+    try:
+        run()
+    except BaseException as exc:
+        code = exc.code if isinstance(exc, SystemExit) else 1
+        if code not in (0, None):
+            cause = failures.noted_cause() or (
+                "interrupted" if isinstance(exc, KeyboardInterrupt) else f"exit status {code}")
+            try:
+                failures.record(smk.rule, wildcards, cause, smk.log[0] if smk.log else None)
+            except OSError:
+                pass
+        raise
 
 
 class _Tee:
@@ -68,6 +96,8 @@ def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=Fals
     config_from_snakemake: main takes `config=` (the config Snakemake loaded and validated, its
     --config overrides included) instead of reading the --config file named in argv.
 
+    A job that fails leaves its one-line cause for the run's last lines (budgetgen.failures).
+
     The job's own stderr before the redirection (the terminal of the run; a cluster job's Snakemake
     log) stays reachable as `terminal()`, for the few lines meant for whoever watches the run.
     """
@@ -93,5 +123,5 @@ def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=Fals
             sys.stdout = sys.stderr = _Tee(log, hist)
     argv = [str(a) for a in argv_from_snakemake(smk)]
     if config_from_snakemake:  # main(argv, config=...) gets the config Snakemake validated
-        return run_main(lambda args: main(args, config=smk.config), argv)
-    return run_main(main, argv)
+        return _run_recording_failure(smk, lambda: run_main(lambda args: main(args, config=smk.config), argv))
+    return _run_recording_failure(smk, lambda: run_main(main, argv))

@@ -34,6 +34,7 @@ from . import conversations, journal, mixture
 from .budget import DispatchPolicy, LengthModel, StreamProgress, overshoot_pct
 from .client import ChatClient, PermanentError, TransientError, backoff_delay
 from .errors import UserError, terminal
+from .failures import note_cause
 from .forecast import human_bytes
 from .fsutil import remove_outputs, write_json_atomic
 from .launch import LaunchedServer
@@ -667,6 +668,8 @@ class InferenceJob:
                 self.errors.flush()
             log.info(f"{len(self.deferred)} requests still failing after {s.max_retries} retries; rerun to retry them")
             self.to_terminal(f"partial: {len(self.deferred)} requests still failing; rerun")
+            note_cause(f"{len(self.deferred)} requests still failing after {s.max_retries} retries "
+                       "(server.max_retries); their errors are in the log; rerun to retry them")
             return 1
         if state == "exhausted" and st.records == 0:
             # errors alone never make a dataset "exhausted": without one response there is no proof
@@ -687,6 +690,7 @@ class InferenceJob:
                 f"{v['responses']} responses, {lanes_state({k: v})}" for k, v in lanes.items()))
         self.to_terminal(f"done: {state}")
         if state == "partial":
+            note_cause(f"stopped short of the budget at {st.tokens} of {s.budget} tokens (partial); rerun to resume")
             return 1
         write_json_atomic(s.paths.done, {
             "dataset": s.dataset, "state": state, "tokens": st.tokens, "responses": st.records,
