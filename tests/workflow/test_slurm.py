@@ -86,26 +86,46 @@ def content(wf, dataset):
 
 
 def test_slurm_profile_dry_run(tmp_path, server, tiny_tokenizer):
-    """`snakemake --profile profiles/slurm -n all` (the users' profile, unedited) plans every job, with
-    every resource expression of the profile evaluated; GPU + signal for inference, CPU for the rest."""
+    """`snakemake --profile profiles/slurm -n all`: unedited, the placeholder account refuses in one line
+    before anything is submitted; copied out of the clone (as docs/cluster.md says) and edited, it plans
+    every job with every resource expression evaluated, and says what inference asks for: with
+    server.base_url one CPU and no GPU, on the CPU partition (a GPU key in the profile is refused)."""
     srv = server()
     wf = make(tmp_path / "work", srv, tiny_tokenizer, {"A": 3, "B": 3})
     proc = subprocess.run(guarded(wf, "--profile", str(SLURM_PROFILE), "-n", "all", limit=120),
                           capture_output=True, text=True, timeout=180)
     out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "profile key default-resources.slurm_account is the placeholder CHANGE_ME" in out
+    assert not SUBMITTED.search(out)
+    mine = tmp_path / "home" / ".config" / "snakemake" / "budgetgen"
+    shutil.copytree(SLURM_PROFILE, mine)
+    text = (mine / "config.yaml").read_text().replace("\"'CHANGE_ME'\"", "\"'my-lab'\"")
+    (mine / "config.yaml").write_text(text)
+    proc = subprocess.run(guarded(wf, "--profile", str(mine), "-n", "all", limit=120),
+                          capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert planned_inference(out) == {"A", "B"}
-    # (inference's display is its message:, without resources; the real run checks its sbatch call)
+    assert ("inference jobs ask the cluster for: 1 CPU, 4000 MB, no GPU, partition cpu, runtime 1440 * attempt, "
+            "account my-lab (each is an HTTP client of") in out, out[-3000:]
     tokenize = re.search(r"^rule tokenize:\n(?:.*\n)*?\s+resources: (.*)$", out, re.M).group(1)
     assert "slurm_partition=cpu" in tokenize and "runtime=120" in tokenize and "gres" not in tokenize
-    profile = yaml.safe_load((SLURM_PROFILE / "config.yaml").read_text())
+    profile = yaml.safe_load(text)
     inference = profile["set-resources"]["inference"]
     assert profile["executor"] == "slurm" and profile["slurm-requeue"] and profile["retries"] >= 1
-    assert inference["gres"] == "'gpu:8'" and inference["slurm_extra"] == "'--signal=TERM@120'"
+    assert profile["keep-going"] is True
+    assert inference["slurm_extra"] == "'--signal=TERM@120'" and not set(inference) & {"gres", "mem_mb", "cpus_per_task"}
     assert "cpus_per_task" not in profile["default-resources"]  # it would override every rule's threads
     # profiles/default wins per key over --profile: it must not set what profiles/slurm sets
     default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
     assert not set(default) & {"default-resources", "set-resources", "executor", "jobs", "retries"}
+    # a GPU asked for an HTTP client is refused, naming the key
+    (mine / "config.yaml").write_text(text.replace("    runtime: 1440 * attempt", "    gres: \"'gpu:8'\"\n"
+                                                   "    runtime: 1440 * attempt"))
+    proc = subprocess.run(guarded(wf, "--profile", str(mine), "-n", "all", limit=120),
+                          capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "profile key set-resources.inference.gres asks the cluster for GPUs" in out
 
 
 def test_test_profile_dry_run(tmp_path, server, tiny_tokenizer):
@@ -142,6 +162,11 @@ def test_workflow_through_slurm_matches_a_local_run(tmp_path, server, tiny_token
     assert (cluster.dir / "logs" / "slurm" / "rule_inference" / "A").is_dir()
     calls = [line for line in proc.output.splitlines() if "sbatch call:" in line and "rule_inference" in line]
     assert len(calls) == 2 and all("--signal=TERM@120" in c and "-p debug" in c for c in calls), calls
+    # an HTTP client of an existing server: a CPU job, no GPU in the request or the job's record
+    assert all("gres" not in c and "gpu" not in c.lower() for c in calls), calls
+    for jobid, _ in jobs["inference"]:
+        info = scontrol_job(jobid)
+        assert info["NumCPUs"] == "1" and "gpu" not in info.get("TRES", "") + info.get("TresPerNode", ""), info
     local.run("--cores", "2", "all")
     for name, n in prompts.items():
         via_slurm, here = content(cluster, name), content(local, name)
