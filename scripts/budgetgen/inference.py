@@ -567,6 +567,8 @@ class InferenceJob:
             self.to_terminal(f"stopped by {signal.Signals(self.stop_signal).name}")
             log.info(f"Stopped by {signal.Signals(self.stop_signal).name}: journal flushed "
                      f"({rs.journaled.records} responses, {rs.journaled.tokens} tokens); rerun to resume")
+            note_cause(f"stopped by {signal.Signals(self.stop_signal).name} (scancel, a time limit, preemption or "
+                       f"Ctrl-C) at {rs.journaled.tokens} tokens, journal flushed; rerun to resume")
             return EXIT_SIGNAL[self.stop_signal]
         return self.finish()
 
