@@ -150,7 +150,7 @@ def print_status_table():
                 ds, dataset_files(ds), s.mixture.budgets(), s.policy, status.table_counts(s)
             )
         print(state.format_status_table(rows), file=sys.stderr)
-        print("budgetgen: " + cluster.request_line(config, *profile_resources()), file=sys.stderr)
+        print(f"budgetgen: {cluster.request_line(config, *profile_resources())}", file=sys.stderr)
 
 
 print_status_table()

@@ -4,8 +4,7 @@ file replaced or cut under it, records of other generation identities; rates fro
 import os
 import re
 
-from budgetgen import journal
-from budgetgen import state
+from budgetgen import journal, state
 from budgetgen.watch import DatasetView, JournalFollower, format_plain, total
 
 
