@@ -93,6 +93,7 @@ for _problem in (
     cluster.profile_problem(config, *profile_resources()),
     configcheck.api_key_warning(config, os.environ),
     configcheck.identical_samples_warning(config),
+    configcheck.small_lane_warning(config),
 ):
     if _problem and _problem.startswith("warning:"):
         print(_problem, file=sys.stderr)

@@ -9,8 +9,8 @@ import os
 from budgetgen import plots
 from budgetgen.conversations import TURNS, Plan
 from budgetgen.errors import UserError, entry_point
-from budgetgen.settings import generation_plan
-from budgetgen.summary import dataset_row
+from budgetgen.settings import InferenceSettings, generation_plan
+from budgetgen.summary import dataset_row, mixture_status
 
 
 def main(argv=None):
@@ -21,6 +21,9 @@ def main(argv=None):
     ap.add_argument("--errors", required=True, help="results/D/errors.jsonl (may not exist)")
     ap.add_argument("--budget", type=int, required=True, help="token budget in completion tokens")
     ap.add_argument("--max-tokens", type=int, required=True, help="the max_tokens of the requests")
+    ap.add_argument("--state", choices=("met", "exhausted", "partial"), default=None,
+                    help="the dataset's state for the budget figure (a mixture's, every lane's: the rule passes "
+                         "summary.tsv's); default: from the records, as summary.tsv's row of a one-lane dataset")
     ap.add_argument("--turns", choices=TURNS, default="last", help="generation.turns (default %(default)s)")
     ap.add_argument("--samples-per-prompt", type=int, default=1, help="generation.samples_per_prompt (default 1)")
     for name in plots.FIGURES:
@@ -40,6 +43,8 @@ def main(argv=None):
         ap.error("--samples-per-prompt must be at least 1")
     row = dataset_row(a.dataset, a.raw, a.budget, a.prompts, a.errors,
                       plan=Plan(turns=a.turns, samples=a.samples_per_prompt))
+    if a.state:
+        row["status"] = a.state
     for name, path in wanted.items():
         plots.save(plots.draw(name, a.dataset, records, error_records, row, a.max_tokens), path)
         print(f"{name} figure -> {path}")
@@ -51,6 +56,9 @@ def argv_from_snakemake(smk):
             "--errors", smk.params.errors, "--budget", smk.params.budget, "--max-tokens", smk.params.max_tokens]
     plan = generation_plan(smk.config, smk.wildcards.dataset)
     argv += ["--turns", plan.turns, "--samples-per-prompt", str(plan.samples)]
+    s = InferenceSettings.from_config(smk.config, smk.wildcards.dataset)
+    if not s.mixture.plain:
+        argv += ["--state", mixture_status(s)[2]]
     for name in plots.FIGURES:
         argv += [f"--{name}-figure", smk.output[name]]
     return argv

@@ -11,13 +11,19 @@ lanes (mixture cells, a validation split: budgetgen.mixture) is followed by a ro
 import argparse
 import os
 
-from budgetgen import prompts, state
+from budgetgen import prompts
 from budgetgen.configfile import load_config
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.settings import InferenceSettings
-from budgetgen.status import compute_status
-from budgetgen.summary import add_rows_and_forecast, dataset_row, format_tsv, lane_rows, row_tokens_by_cell
+from budgetgen.summary import (
+    add_rows_and_forecast,
+    dataset_row,
+    format_tsv,
+    lane_rows,
+    mixture_status,
+    row_tokens_by_cell,
+)
 
 
 def cross_dataset_duplicates(settings):
@@ -50,9 +56,7 @@ def main(argv=None, config=None):
         if s.mixture.plain:
             rows.append(row)
             continue
-        st = compute_status(s)
-        lanes = state.lanes_of(st, s.mixture.budgets())
-        row["status"] = state.lanes_state(lanes)
+        st, lanes, row["status"] = mixture_status(s)
         for key, lane in lanes.items():
             held = st["lanes"].get(key) or {}
             lane.update(cell=held.get("cell", key.split("/")[0]), split=held.get("split", "train"),

@@ -174,6 +174,23 @@ def identical_samples_warning(config):
     return "\n".join(lines) or None
 
 
+def small_lane_warning(config):
+    """A warning line per dataset with a lane (a mixture cell in a split; budgetgen.mixture) whose budget line
+    is under 2 x its cell's max_tokens: one response can add up to max_tokens past such a line (met means
+    tokens >= the line), so the lane may end far above it, or take the few prompts of a small split
+    another lane needed; else None."""
+    lines = []
+    for ds in sorted(config["datasets"]):
+        small = [(lane.key, lane.budget, lane.cell.max_tokens) for lane in dataset_mixture(config, ds).lanes
+                 if lane.budget < 2 * lane.cell.max_tokens]
+        if small and len(dataset_mixture(config, ds).lanes) > 1:
+            what = ", ".join(f"{key} {budget} tokens (max_tokens {mt}: up to {100 * (budget + mt) / budget:.0f} %)"
+                             for key, budget, mt in small)
+            lines.append(f"warning: dataset {ds}: lines under 2 x max_tokens: {what}; raise the dataset's "
+                         "token_budget or validation.share, or lower max_tokens")
+    return "\n".join(lines) or None
+
+
 def tokenizer_problem(name):
     """Why tokenizer.path cannot be loaded (as turn_format.load_tokenizer decides), or None: a folder,
     or a hub name (org/model) already in the local Hugging Face cache."""

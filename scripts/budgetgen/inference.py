@@ -612,15 +612,22 @@ class InferenceJob:
         return [p.generated(now) for t, p in self.inflight.items() if self.task_lane[t] is lane]
 
     def next_generation(self):
-        """The next request: from the lane furthest from its budget line (by share of it journaled)
-        whose budget rule lets it dispatch and that has a generation to ask or an unclaimed prompt of
-        its split to take; None when no lane may."""
+        """The next request: from the lane furthest from its budget line (by share of it expected: the
+        tokens journaled and those its requests in flight are expected to end with, by its budget rule's
+        length model) whose budget rule lets it dispatch and that has a generation to ask or an
+        unclaimed prompt of its split to take; None when no lane may. Counting what is in flight keeps
+        the lanes of a small split (a validation split of a few prompts) from all claiming prompts
+        while nothing has finished: they draw in proportion to their lines."""
         rs = self.run_state
-        ready = [lr for lr in rs.lanes.values() if (lr.queue or rs.pool[lr.lane.split])
-                 and lr.policy.may_dispatch(lr.tokens, self.generated_in_flight(lr))]
+        ready = []
+        for lr in rs.lanes.values():
+            inflight = self.generated_in_flight(lr)
+            if (lr.queue or rs.pool[lr.lane.split]) and lr.policy.may_dispatch(lr.tokens, inflight):
+                expected = lr.policy.expected_total(lr.tokens, inflight)[0] if inflight else lr.tokens
+                ready.append((expected / lr.lane.budget if lr.lane.budget else float("inf"), lr))
         if not ready:
             return None
-        lr = min(ready, key=lambda x: x.tokens / x.lane.budget if x.lane.budget else float("inf"))
+        lr = min(ready, key=lambda x: x[0])[1]
         if not lr.queue:
             lr.claim(rs.pool[lr.lane.split].popleft())
         return lr.queue.popleft()

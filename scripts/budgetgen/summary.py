@@ -7,7 +7,7 @@ split) gets a row per lane after its own (`cell`, `split`), with the lane's budg
 import os
 
 from . import conversations, journal, prompts
-from .state import budget_state
+from .state import budget_state, lanes_of, lanes_state
 
 COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_tokens", "token_budget", "budget_share",
            "budget_pct", "status", "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors",
@@ -142,3 +142,15 @@ def format_tsv(rows):
     out = ["\t".join(COLUMNS)]
     out += ["\t".join(str(r[c]) for c in COLUMNS) for r in rows]
     return "\n".join(out) + "\n"
+
+
+def mixture_status(s):
+    """(status, {lane: account}, state) of a dataset of several lanes (settings.InferenceSettings `s`):
+    its state is every lane's (budgetgen.state.lanes_state: met only when every lane is), the one
+    summary.tsv, the report's figures and the done marker say."""
+    from .status import compute_status
+
+    st = compute_status(s)
+    lanes = lanes_of(st, s.mixture.budgets())
+    return st, lanes, lanes_state(lanes)
+

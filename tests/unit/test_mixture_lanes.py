@@ -88,3 +88,16 @@ def test_the_forecast_is_row_tokens_times_layers_times_hidden_times_bytes(tmp_pa
     assert DumpShape.from_config_file(tmp_path / "config.json.missing") is None
     with pytest.raises(UserError, match="tokenizer.model_config: file not found"):
         DumpShape.from_config_file(tmp_path / "missing.json", required=True)
+
+
+def test_a_lane_under_two_max_tokens_is_warned_in_one_line_per_dataset():
+    from budgetgen.configcheck import small_lane_warning
+
+    cells = {"think": {"share": 0.7, "temperature": 0.9}, "nothink": {"share": 0.3, "temperature": 0.6}}
+    # 10000 x 0.05 validation: nothink/validation 150 is under 2 x max_tokens 100, think/validation 350 is not
+    line = small_lane_warning(config(mixture=cells, validation={"share": 0.05}))
+    assert line.count("\n") == 0 and line.startswith("warning: dataset D: lines under 2 x max_tokens: ")
+    assert "nothink/validation 150 tokens (max_tokens 100: up to 167 %)" in line
+    assert " think/validation" not in line and "think 6650" not in line
+    assert small_lane_warning(config(mixture=cells, validation={"share": 0.2})) is None
+    assert small_lane_warning(config(token_budget=150)) is None  # one lane: its budget is the user's to choose
