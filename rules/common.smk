@@ -89,7 +89,7 @@ def profile_resources():
 
 
 for _problem in (
-    configcheck.config_problem(config),
+    configcheck.config_problem(config, workflow.configfiles),
     cluster.profile_problem(config, *profile_resources()),
     configcheck.api_key_warning(config, os.environ),
     configcheck.identical_samples_warning(config),

@@ -19,6 +19,8 @@ _MERGE = "tag:yaml.org,2002:merge"
 _MESSAGE_MAX = 300
 # markers of passed chat-template checks (budgetgen.template_check), in the working directory
 TEMPLATE_CHECK_CACHE = ".snakemake/budgetgen/template_check"
+# verdicts on the prompts files (budgetgen.prompts_check: would the job load each), in the working directory
+PROMPTS_CHECK_CACHE = ".snakemake/budgetgen/prompts_check.json"
 
 
 def duplicate_key(path):
@@ -104,31 +106,50 @@ def schema_error(config, schema_path):
     return f"config key {'.'.join(path) or '(top level)'}: {message}"
 
 
-def config_problem(config):
+def not_found(key, path, configfiles=(), what="file not found"):
+    """The one line of a path in the config that does not exist: which directory a relative path was read
+    from (the working directory: snakemake -d), and whether it exists beside a config file instead."""
+    import os
+
+    line = f"config key {key}: {what}: {path}"
+    if os.path.isabs(path):
+        return line
+    line += f" (relative paths in the config are read from the working directory {os.getcwd()}, snakemake -d"
+    beside = [os.path.dirname(os.path.abspath(f)) for f in configfiles
+              if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(f)), path))]
+    if beside and beside[0] != os.getcwd():
+        line += f"; it exists in {beside[0]}, beside the config file: give it as {os.path.join(beside[0], path)}"
+    return line + ")"
+
+
+def config_problem(config, configfiles=()):
     """What a schema cannot check, as one line naming the key, or None: the files a dataset names
-    exist, every dataset has a token budget (its own or generation's), its mixture is sound, and the
-    chat_template_kwargs are read by the target's chat template (budgetgen.template_check)."""
+    exist (a relative path from the working directory; `configfiles`: the config files given, named in
+    the line when the path exists beside one of them), every dataset has a token budget (its own or
+    generation's), its mixture is sound, and the chat_template_kwargs are read by the target's chat
+    template (budgetgen.template_check)."""
     import os
 
     model_config = config["tokenizer"].get("model_config")
     if model_config and not os.path.isfile(model_config):
-        return f"config key tokenizer.model_config: file not found: {model_config}"
+        return not_found("tokenizer.model_config", model_config, configfiles)
     for ds in sorted(config["datasets"]):
         own = config["datasets"][ds]
         source = own.get("source")
         if source is not None:
             if not os.path.exists(source["path"]):
-                return f"config key datasets.{ds}.source.path: not found: {source['path']}"
+                return not_found(f"datasets.{ds}.source.path", source["path"], configfiles, what="not found")
         elif not os.path.isfile(own["prompts"]):
-            return f"config key datasets.{ds}.prompts: file not found: {own['prompts']}"
+            return not_found(f"datasets.{ds}.prompts", own["prompts"], configfiles)
         if generation_setting(config, ds, "token_budget") is None:
             return f"config key generation.token_budget (or datasets.{ds}.token_budget) is required"
         problem = mixture_problem(config, ds)
         if problem:
             return problem
+    from .prompts_check import prompts_problem
     from .template_check import template_problem
 
-    return template_problem(config, cache_dir=TEMPLATE_CHECK_CACHE)
+    return prompts_problem(config, PROMPTS_CHECK_CACHE) or template_problem(config, cache_dir=TEMPLATE_CHECK_CACHE)
 
 
 def mixture_problem(config, ds):

@@ -4,10 +4,14 @@ looks finished; budget_status.json states the journal's real tokens; what each i
 cluster for follows the server mode and is said before anything runs."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
+from support import REPO
 from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
@@ -92,3 +96,30 @@ def test_the_dry_run_says_what_each_inference_job_asks_the_cluster_for(tmp_path,
     dry = wf.run("-n", "all")
     line = next(x for x in dry.output.splitlines() if "inference jobs ask the cluster for" in x)
     assert "16 CPU, 512000 MB, gres gpu:8, partition gpu-h100" in line and "launches its server" in line, line
+
+
+def test_a_config_file_outside_the_working_directory_and_its_relative_paths(tmp_path, server, tiny_tokenizer):
+    """Run from elsewhere: --configfile is read from the current directory (Snakemake's rule), every path
+    inside it from -d; a path that exists beside the config file instead is named in the one line."""
+    srv = server()
+    mine = tmp_path / "mine"
+    write_prompts(mine / "prompts" / "A.jsonl", 3, prefix="A")
+    config = base_config(srv.base_url, tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl"}})
+    (mine / "my.yaml").write_text(json.dumps(config))
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", "work", "--configfile",
+           "mine/my.yaml", "-n", "all"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=os.environ)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "Traceback" not in out, out[-3000:]
+    assert (f"config key datasets.A.prompts: file not found: prompts/A.jsonl (relative paths in the config are read "
+            f"from the working directory {work}, snakemake -d; it exists in {mine}, beside the config file: give it "
+            f"as {mine / 'prompts' / 'A.jsonl'})") in out.splitlines(), out[-3000:]
+    config["datasets"]["A"]["prompts"] = str(mine / "prompts" / "A.jsonl")
+    (mine / "my.yaml").write_text(json.dumps(config))
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=os.environ)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    # --unlock takes the same -s/-d/--configfile as the run (README, Troubleshooting)
+    unlock = subprocess.run(cmd[:-2] + ["--unlock"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert unlock.returncode == 0 and "Unlocked working directory" in unlock.stdout + unlock.stderr
