@@ -321,7 +321,7 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
     result = PromptSet(path=path, prompts=[], duplicates=0, skipped=[], lines=0)
     seen = {}  # id -> (messages, line)
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip() or (not raw.isascii() and _blank_unicode(raw)):
+        if is_blank(raw):
             continue
         result.lines += 1
         try:
@@ -331,7 +331,7 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
                 if first[0] == messages:
                     result.duplicates += 1
                     continue
-                raise _Bad(f"duplicate id {_q(pid)} with different content (first seen on line {first[1]})")
+                raise _Bad(duplicate_reason(pid, first[1]))
         except _Bad as exc:
             if on_bad_line == "error":
                 raise UserError(f"{path}:{lineno}: {exc}") from None
@@ -341,14 +341,26 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
         result.prompts.append(Prompt(id=pid, messages=tuple(messages), line=lineno))
 
     if not result.prompts:
-        if result.skipped:
-            line, reason = result.skipped[0]
-            raise UserError(
-                f"{path}: no prompts found (all {len(result.skipped)} non-blank lines were bad; "
-                f"first: line {line}: {reason})"
-            )
-        raise UserError(f"{path}: no prompts found ({'only blank lines' if data else 'the file is empty'})")
+        first = result.skipped[0] if result.skipped else None
+        raise UserError(f"{path}: {no_prompts_reason(len(result.skipped), first, bool(data))}")
     return result
+
+
+def is_blank(raw):
+    """A line (bytes) that load_prompts ignores: whitespace only."""
+    return not raw.strip() or (not raw.isascii() and _blank_unicode(raw))
+
+
+def duplicate_reason(pid, first_line):
+    """Why a line repeating an id with other messages is bad."""
+    return f"duplicate id {_q(pid)} with different content (first seen on line {first_line})"
+
+
+def no_prompts_reason(bad, first, nonempty):
+    """Why a file yields no prompt: `bad` lines all bad, the first (line, reason); else blank or empty."""
+    if bad:
+        return f"no prompts found (all {bad} non-blank lines were bad; first: line {first[0]}: {first[1]})"
+    return f"no prompts found ({'only blank lines' if nonempty else 'the file is empty'})"
 
 
 def content_keys(prompt_list):
