@@ -88,13 +88,14 @@ def profile_resources():
     return rs.default_resources, rs.overwrite_resources
 
 
-for _problem in (
-    configcheck.config_problem(config, workflow.configfiles),
-    cluster.profile_problem(config, *profile_resources()),
-    configcheck.api_key_warning(config, os.environ),
-    configcheck.identical_samples_warning(config),
-    configcheck.small_lane_warning(config),
+for _check in (  # in order, each only once the ones before it passed (a later one reads what they check)
+    lambda: configcheck.config_problem(config, workflow.configfiles),
+    lambda: cluster.profile_problem(config, *profile_resources()),
+    lambda: configcheck.api_key_warning(config, os.environ),
+    lambda: configcheck.identical_samples_warning(config),
+    lambda: configcheck.small_lane_warning(config),
 ):
+    _problem = _check()
     if _problem and _problem.startswith("warning:"):
         print(_problem, file=sys.stderr)
     elif _problem:
