@@ -2,6 +2,7 @@
 
 One module per concern:
   errors       UserError, the one-line error every entry point prints
+  failures     a failed job's one-line cause, recorded by the job and said last by onerror
   fsutil       atomic writes
   configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
   settings     typed settings built once from the validated config (defaults only from the schema)
@@ -12,12 +13,14 @@ One module per concern:
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
+  prompts_check  every prompts file read at parse time: its first bad line, worker processes, a cache
   conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
   journal      the append-only response journal and errors.jsonl: scan, torn-tail repair, lock, append
   budget       completed-length model and the dispatch rule that stops at the token budget
   client       async httpx OpenAI chat client: streaming, retry classes, health check
   launch       a server started by the inference job itself (server.launch): start, wait, stop
+  cluster      what an inference job asks a cluster for, by server mode; the profile's checks
   inference    the dispatch loop tying prompts, budget, client and journal together
   status       budget status of a dataset (the checkpoint's content)
   state        a dataset's state (fresh, partial, met, exhausted, refused), defined once
