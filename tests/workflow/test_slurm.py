@@ -222,3 +222,40 @@ def test_scancel_mid_inference_then_the_next_run_resumes(tmp_path, server, tiny_
     assert sum(r["usage"]["completion_tokens"] for r in raw) >= 1200
     assert f"Resuming: {len(before)} already done" in wf.path("logs", "inference", "K.log").read_text()
     print(f"scancel after {len(before)} records ({tokens_before} tokens); resumed to {len(after)} records")
+
+
+def test_readme_cluster_walkthrough_as_written_from_outside_the_clone(tmp_path, server, tiny_tokenizer):
+    """The README's "Cluster (SLURM): against an existing server" block, run as bash from a directory
+    outside the clone with its own lines (HOME is a temporary folder holding `budgetgen` -> this clone;
+    $EDITOR sets the account): the profile copied to ~/.config/snakemake/budgetgen, `bg -n all` plans
+    the inference job and says it asks for no GPU; `bg --unlock` works with the same flags. Only the
+    `git clone` (this is the clone), `tmux` and the submitting `bg all` (no cluster here) are left out."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Cluster (SLURM): against an existing server\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    home, work = tmp_path / "home", tmp_path / "scratch" / "run1"
+    home.mkdir()
+    (home / "budgetgen").symlink_to(REPO)
+    srv = server()
+    wf = make(work, srv, tiny_tokenizer, {"A": 3})
+    os.rename(work / "config.yaml", work / "my.yaml")
+    editor = tmp_path / "editor.sh"
+    editor.write_text("#!/bin/sh\nsed -i \"s/'CHANGE_ME'/'my-lab'/\" \"$1\"\n")
+    editor.chmod(0o755)
+    script = ["shopt -s expand_aliases", "set -e"]
+    for line in block.splitlines():
+        cmd = line.split("  #", 1)[0].strip()
+        if cmd.startswith(("git clone", "tmux")):
+            continue
+        if cmd == "bg all":
+            cmd = "bg --unlock"
+        script.append(cmd.replace("/scratch/$USER/run1", str(work)))
+    assert "bg -n all" in script and any("cp -r ~/budgetgen/profiles/slurm ~/.config/snakemake/budgetgen" in c for c in script), block
+    proc = subprocess.run(["timeout", "-k", "30", "240", "bash", "-c", "\n".join(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HOME": str(home), "EDITOR": str(editor)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "budgetgen: A " in out and "inference jobs ask the cluster for: 1 CPU, 4000 MB, no GPU" in out, out[-3000:]
+    assert "account my-lab" in out and "Unlocked working directory" in out, out[-3000:]
+    assert not SUBMITTED.search(out) and not (REPO / "logs" / "slurm").exists()
