@@ -1,9 +1,9 @@
 """Async OpenAI chat-completions client: streaming, retry classes, server check.
 
 Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a `choices: []`
-usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). Reasoning is
-`reasoning_content` (SGLang, transformers) or `reasoning` (vLLM); both are read and journaled as
-streamed, whitespace included (an empty think block's "\n\n" is part of what the model generated;
+usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). What differs by
+engine (the reasoning field, the token ids, per-chunk usage, error objects) the client asks its
+dialect (budgetgen.engines). Reasoning is journaled as streamed, whitespace included (an empty think block's "\n\n" is part of what the model generated;
 tokenize decides what it means under the template, budgetgen.turn_format.TurnFormat).
 
 Timeouts: a request is timed out on *silence after its first byte* (request_timeout_s between two
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .engines import Dialect, dialect
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -59,20 +60,6 @@ class ServerRefused(UserError):
 COMPLETE_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
 
 
-# How each engine is asked for the prompt's and the generated token ids while streaming (server.return_token_ids),
-# read from the released servers (vLLM 0.33.0, SGLang 0.5.23; the README's engine table):
-# vLLM: `return_token_ids` (prompt_token_ids on the first chunk, token_ids on every choice chunk); SGLang:
-# `return_input_ids_in_sglext` / `return_output_ids_in_sglext` (one `sglext` chunk before the usage chunk).
-# SGLang drops unknown request fields silently, so a wrong name gives responses without ids.
-IDS_FIELDS = {"vllm": ("return_token_ids",), "sglang": ("return_input_ids_in_sglext", "return_output_ids_in_sglext")}
-IDS_HINT = {
-    "vllm": "vLLM sends them with return_token_ids unless extra_body.include_reasoning is false (remove it); "
-            "for SGLang set server.return_token_ids: sglang",
-    "sglang": "SGLang (0.5.23) sends them with return_input_ids_in_sglext/return_output_ids_in_sglext, "
-              "or launch it with --return-input-ids --return-output-ids; for vLLM set server.return_token_ids: vllm",
-}
-
-
 class PermanentError(Exception):
     """A non-transient 4xx (e.g. context too long): recorded once in errors.jsonl, not retried."""
 
@@ -84,20 +71,6 @@ class PermanentError(Exception):
 
 def is_transient_status(status):
     return status in TRANSIENT_STATUS or 500 <= status <= 599
-
-
-def error_status(obj):
-    """The HTTP-like status of an error object inside a stream (`{"error": {"code": 400, ...}}`), or None."""
-    err = obj.get("error") if isinstance(obj, dict) else None
-    if not isinstance(err, dict):
-        err = obj if isinstance(obj, dict) else {}
-    for key in ("code", "status", "status_code"):
-        value = err.get(key)
-        if isinstance(value, int) and 100 <= value <= 599:
-            return value
-        if isinstance(value, str) and value.isdigit() and 100 <= int(value) <= 599:
-            return int(value)
-    return None
 
 
 def parse_retry_after(value):
@@ -130,35 +103,26 @@ class ChatResult:
     prompt_token_ids: list | None = None  # the prompt's ids as the server fed them to the model
 
 
-def _error_message(body):
-    try:
-        obj = json.loads(body)
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            return str(err.get("message") or err.get("detail") or obj)[:300]
-        return str(err)[:300]
-    except (ValueError, AttributeError):
-        return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
-
-
 class StreamedResponse:
     """One streamed chat completion as its chunks arrive: text, reasoning, ids, usage, finish reason,
     and the tokens reported to on_token (see the module docstring); result() checks it is whole."""
 
-    def __init__(self, url, want_ids, token_rate, on_token):
-        # want_ids: False, or the server.return_token_ids mode ("vllm" or "sglang")
-        self.url, self.want_ids, self.token_rate, self.on_token = url, want_ids, token_rate, on_token
+    def __init__(self, url, engine: Dialect, want_ids, token_rate, on_token):
+        self.url, self.engine, self.want_ids, self.token_rate, self.on_token = url, engine, want_ids, token_rate, on_token
         self.content, self.reasoning, self.token_ids = [], [], []
-        self.prompt_ids = self.sglext_ids = None
+        self.prompt_ids = self.whole_ids = None
         self.finish, self.usage, self.model = None, None, ""
         self.events = self.counted = self.chars = 0
 
     def feed(self, chunk, data):
-        if "error" in chunk and not chunk.get("choices"):
+        engine = self.engine
+        if engine.is_error_chunk(chunk):
             self._error(chunk, data)
         self.model = chunk.get("model") or self.model
         if self.want_ids:
-            self._ids(chunk)
+            prompt_ids, whole = engine.chunk_ids(chunk)
+            self.prompt_ids = prompt_ids or self.prompt_ids
+            self.whole_ids = whole or self.whole_ids
         chunk_usage = chunk.get("usage")
         if chunk_usage:
             self.usage = chunk_usage
@@ -166,16 +130,16 @@ class StreamedResponse:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             piece = delta.get("content")
-            think = delta.get("reasoning_content") or delta.get("reasoning")
+            think = engine.reasoning(delta)
             if piece:
                 self.content.append(piece)
                 n_chars += len(piece)
             if think:
                 self.reasoning.append(think)
                 n_chars += len(think)
-            if self.want_ids and choice.get("prompt_token_ids"):
-                self.prompt_ids = choice["prompt_token_ids"]
-            ids = choice.get("token_ids")
+            prompt_ids, ids = engine.choice_ids(choice)
+            if self.want_ids and prompt_ids:
+                self.prompt_ids = prompt_ids
             if ids:
                 self.token_ids.extend(ids)
                 n_ids += len(ids)
@@ -198,22 +162,12 @@ class StreamedResponse:
 
     def _error(self, chunk, data):
         """An error object inside the stream, classified by its code like an HTTP status."""
-        status, msg = error_status(chunk), _error_message(data)
+        status, msg = self.engine.error_status(chunk), self.engine.error_message(data)
         if status in (401, 403):
             raise ServerRefused(f"server at {self.url} refused the API key (HTTP {status}: {msg})")
         if status is not None and not is_transient_status(status) and 400 <= status < 500:
             raise PermanentError(status, msg)
         raise TransientError(f"server error mid-stream: {msg}")
-
-    def _ids(self, chunk):
-        if chunk.get("prompt_token_ids"):  # vLLM: on the first chunk
-            self.prompt_ids = chunk["prompt_token_ids"]
-        ext = chunk.get("sglext")  # SGLang: one final response-level chunk
-        if isinstance(ext, dict):
-            self.prompt_ids = ext.get("input_ids") or self.prompt_ids
-            out = ext.get("output_ids")
-            if out and isinstance(out[0], list):
-                self.sglext_ids = out[0]
 
     def result(self):
         if self.finish is None:
@@ -228,7 +182,7 @@ class StreamedResponse:
         self.token_rate.observe(self.chars, completion_tokens)
         token_ids = prompt_ids = None
         if self.want_ids:
-            token_ids, prompt_ids = self.sglext_ids or self.token_ids or None, self.prompt_ids
+            token_ids, prompt_ids = self.whole_ids or self.token_ids or None, self.prompt_ids
             self._check_ids(token_ids, prompt_ids, completion_tokens)
         return ChatResult(content="".join(self.content), reasoning="".join(self.reasoning),
                           finish_reason=self.finish, usage=self.usage, streamed_tokens=self.events, model=self.model,
@@ -238,12 +192,12 @@ class StreamedResponse:
         """Ids were asked for: a response with completion tokens must bring the prompt's and the
         generated ids, as many generated ids as usage.completion_tokens; else the server (or a setting)
         withholds them from every response, and rows would silently be re-tokenized text."""
-        setting = f"server.return_token_ids: {self.want_ids}"
+        setting = f"server.return_token_ids: {self.engine.name}"
         if completion_tokens and (not token_ids or not prompt_ids):
             missing = " and ".join(n for n, v in (("prompt", prompt_ids), ("generated", token_ids)) if not v)
             raise ServerRefused(f"server at {self.url} sent no {missing} token ids for a response of "
                                 f"{completion_tokens} tokens, though {setting} asked for them; "
-                                + IDS_HINT[self.want_ids])
+                                + self.engine.ids_hint)
         if token_ids and len(token_ids) != completion_tokens:
             raise ServerRefused(f"server at {self.url} sent {len(token_ids)} generated token ids for a response "
                                 f"of usage.completion_tokens {completion_tokens} ({setting}): the ids are not "
@@ -446,7 +400,7 @@ class ChatClient:
     """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
 
     def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
-                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True):
+                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True, engine="openai"):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s)
         self.base_url = self.pool.endpoints[0].base_url
@@ -466,6 +420,7 @@ class ChatClient:
         self.probe_http = httpx.AsyncClient(headers=headers, limits=httpx.Limits(max_connections=2 * len(urls)),
                                             timeout=httpx.Timeout(10.0))
         self.continuous_usage_stats = continuous_usage_stats
+        self.engine = dialect(engine)  # the server's wire format (budgetgen.engines)
         self.token_rate = TokenRate()
         self.watchdog = StreamWatchdog(self.timeout_s, self.check_endpoint)
 
@@ -523,7 +478,7 @@ class ChatClient:
         if resp.status_code in (502, 503, 504):  # a proxy before a server that is not up (yet)
             raise ServerUnreachable(f"server unreachable at {url} (HTTP {resp.status_code})")
         if resp.status_code != 200:
-            raise UserError(f"server at {url} answered HTTP {resp.status_code}: {_error_message(resp.content)}")
+            raise UserError(f"server at {url} answered HTTP {resp.status_code}: {self.engine.error_message(resp.content)}")
         try:
             served = [m.get("id") for m in resp.json().get("data", [])]
         except (ValueError, AttributeError):
@@ -534,13 +489,13 @@ class ChatClient:
             )
         return served
 
-    async def chat(self, messages, params, on_token=None, return_token_ids=False, affinity=None):
+    async def chat(self, messages, params, on_token=None, want_ids=False, affinity=None):
         """Stream one chat completion on the least-loaded endpoint (or the one of its `affinity` key:
         EndpointPool.acquire); see _chat."""
         ep = await self.pool.acquire(affinity)
         st = self.watchdog.watch(ep)
         try:
-            return await self._chat(ep, st, messages, params, on_token, return_token_ids)
+            return await self._chat(ep, st, messages, params, on_token, want_ids)
         except asyncio.CancelledError:
             # The watchdog's cancel becomes a retry; any other cancel (a signal, the end of the run) is
             # honoured, also when it lands in the same loop turn as the watchdog's (two cancels, one
@@ -556,70 +511,76 @@ class ChatClient:
             self.watchdog.forget(st)
             await self.pool.release(ep)
 
-    async def _chat(self, ep, st, messages, params, on_token=None, return_token_ids=False):
-        """Stream one chat completion from ep; call on_token(n) with the tokens of each chunk as it
-        arrives (see the module docstring); return ChatResult.
-
-        return_token_ids asks the server for the prompt's and the generated token ids (IDS_FIELDS): "vllm"
-        (or True) sends vLLM's `return_token_ids` (`prompt_token_ids` on the first chunk, `token_ids` on
-        each choice chunk), "sglang" SGLang's `return_input_ids_in_sglext` / `return_output_ids_in_sglext`
-        (one chunk `{"choices": [], "sglext": {input_ids, output_ids: [[...]]}}` before the usage chunk);
-        they come back in ChatResult.prompt_token_ids and .token_ids. A response without them, or with
-        another number of generated ids than usage.completion_tokens, or a 4xx naming the field, is a
-        ServerRefused: rows are never silently re-tokenized text.
-
-        Raises TransientError, PermanentError or ServerRefused; anything else is a bug.
-        """
-        stream_options = {"include_usage": True}
-        if self.continuous_usage_stats:
-            stream_options["continuous_usage_stats"] = True
-        body = {"model": self.model, "messages": messages, "stream": True, "stream_options": stream_options}
+    def request_body(self, messages, params, want_ids=False):
+        """The chat request: the model, the messages, streaming with usage (the dialect's stream options),
+        the sampling parameters, extra_body, and the dialect's ids fields when ids are wanted."""
+        body = {"model": self.model, "messages": messages, "stream": True,
+                "stream_options": self.engine.stream_options(self.continuous_usage_stats)}
         for k in ("max_tokens", "temperature", "top_p", "seed"):
             if params.get(k) is not None:
                 body[k] = params[k]
         body.update(params.get("extra_body") or {})
-        ids_mode = ("vllm" if return_token_ids is True else return_token_ids) or False
-        for name in IDS_FIELDS.get(ids_mode, ()):
-            body[name] = True
+        body.update(self.engine.request_fields(want_ids))
+        return body
+
+    async def _chat(self, ep, st, messages, params, on_token=None, want_ids=False):
+        """Stream one chat completion from ep; call on_token(n) with the tokens of each chunk as it
+        arrives (see the module docstring); return ChatResult.
+
+        want_ids asks the server for the prompt's and the generated token ids in the fields of this
+        client's dialect (budgetgen.engines); they come back in ChatResult.prompt_token_ids and .token_ids.
+        A response without them, or with another number of generated ids than usage.completion_tokens,
+        or a 4xx naming the field, is a ServerRefused: rows are never silently re-tokenized text.
+
+        Raises TransientError, PermanentError or ServerRefused; anything else is a bug.
+        """
         url = f"{ep.base_url}/chat/completions"
-        out = StreamedResponse(url, ids_mode, self.token_rate, on_token)
-        monotonic, loads = time.monotonic, json.loads
+        out = StreamedResponse(url, self.engine, want_ids, self.token_rate, on_token)
         try:
-            async with self.http.stream("POST", url, json=body) as resp:
+            async with self.http.stream("POST", url, json=self.request_body(messages, params, want_ids)) as resp:
                 if resp.status_code != 200:
-                    raw = await resp.aread()
-                    msg = _error_message(raw)
-                    if resp.status_code in (401, 403):
-                        raise ServerRefused(f"server at {url} refused the API key (HTTP {resp.status_code}: {msg})")
-                    if is_transient_status(resp.status_code):
-                        raise TransientError(f"HTTP {resp.status_code}: {msg}",
-                                             retry_after=parse_retry_after(resp.headers.get("retry-after")))
-                    refused_field = next((f for f in IDS_FIELDS.get(ids_mode, ()) if f in msg), None)
-                    if refused_field:  # e.g. SGLang: "return_token_ids is not supported with streaming"
-                        raise ServerRefused(f"server at {url} refused {refused_field} (server.return_token_ids: "
-                                            f"{ids_mode}) with HTTP {resp.status_code}: {msg}; {IDS_HINT[ids_mode]}")
-                    raise PermanentError(resp.status_code, msg)
-                async for line in resp.aiter_lines():
-                    st.last = ep.last_byte = monotonic()
-                    st.got_first = True
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    if not data:
-                        continue
-                    try:
-                        chunk = loads(data)
-                        if not isinstance(chunk, dict):
-                            raise TypeError("not a JSON object")
-                        out.feed(chunk, data)
-                    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
-                        # a line that is not JSON, or JSON of another shape (`data: []`, `data: null`,
-                        # choices that are not objects): the stream is broken, the request retried
-                        raise TransientError(f"malformed stream chunk from {url} ({type(exc).__name__}: "
-                                             f"{exc}): {data[:200]}") from None
+                    self._refusal(url, resp.status_code, await resp.aread(), resp.headers, want_ids)
+                await self._read(resp, ep, st, out, url)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             connection = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise TransientError(f"{type(exc).__name__}: {exc or 'connection lost'}", connection=connection) from None
         return out.result()
+
+    def _refusal(self, url, status, raw, headers, want_ids):
+        """Raise what a non-200 answer is: a refused key, a transient status, a refused ids field, else the
+        prompt's permanent error."""
+        msg = self.engine.error_message(raw)
+        if status in (401, 403):
+            raise ServerRefused(f"server at {url} refused the API key (HTTP {status}: {msg})")
+        if is_transient_status(status):
+            raise TransientError(f"HTTP {status}: {msg}", retry_after=parse_retry_after(headers.get("retry-after")))
+        refused_field = self.engine.refused_field(msg) if want_ids else None
+        if refused_field:  # e.g. SGLang: "return_token_ids is not supported with streaming"
+            raise ServerRefused(f"server at {url} refused {refused_field} (server.return_token_ids: "
+                                f"{self.engine.name}) with HTTP {status}: {msg}; {self.engine.ids_hint}")
+        raise PermanentError(status, msg)
+
+    @staticmethod
+    async def _read(resp, ep, st, out, url):
+        """Feed every `data:` line of the stream to `out` until `[DONE]` or its end."""
+        monotonic, loads = time.monotonic, json.loads
+        async for line in resp.aiter_lines():
+            st.last = ep.last_byte = monotonic()
+            st.got_first = True
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            if not data:
+                continue
+            try:
+                chunk = loads(data)
+                if not isinstance(chunk, dict):
+                    raise TypeError("not a JSON object")
+                out.feed(chunk, data)
+            except (ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
+                # a line that is not JSON, or JSON of another shape (`data: []`, `data: null`,
+                # choices that are not objects): the stream is broken, the request retried
+                raise TransientError(f"malformed stream chunk from {url} ({type(exc).__name__}: "
+                                     f"{exc}): {data[:200]}") from None

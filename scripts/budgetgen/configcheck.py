@@ -123,13 +123,19 @@ def not_found(key, path, configfiles=(), what="file not found"):
 
 
 def config_problem(config, configfiles=()):
-    """What a schema cannot check, as one line naming the key, or None: the files a dataset names
+    """What a schema cannot check, as one line naming the key, or None: server.engine and
+    server.return_token_ids agree (budgetgen.engines), the files a dataset names
     exist (a relative path from the working directory; `configfiles`: the config files given, named in
     the line when the path exists beside one of them), every dataset has a token budget (its own or
     generation's), its mixture is sound, and the chat_template_kwargs are read by the target's chat
     template (budgetgen.template_check)."""
     import os
 
+    from .engines import engine_problem
+
+    problem = engine_problem(config["server"])
+    if problem:
+        return problem
     model_config = config["tokenizer"].get("model_config")
     if model_config and not os.path.isfile(model_config):
         return not_found("tokenizer.model_config", model_config, configfiles)

@@ -403,7 +403,7 @@ class InferenceJob:
 
             try:
                 res = await self.client.chat(messages, lr.cell.params, on_token=on_token,
-                                             return_token_ids=s.return_token_ids, affinity=affinity)
+                                             want_ids=s.want_ids, affinity=affinity)
             except TransientError as exc:
                 self.stats.discarded_tokens += progress.seen
                 self.stats.retried(exc)
@@ -527,7 +527,8 @@ class InferenceJob:
             urls = [self.server.base_url]
         self.client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
                                  concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
-                                 recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats)
+                                 recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats,
+                                 engine=s.engine)
         self.writer = journal.JournalWriter(s.paths.journal)
         progress = None
         try:
@@ -592,7 +593,7 @@ class InferenceJob:
         retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
         while True:
             try:
-                await self.client.chat(probe.request(1), lr.cell.params, return_token_ids=s.return_token_ids)
+                await self.client.chat(probe.request(1), lr.cell.params, want_ids=s.want_ids)
                 break
             except TransientError as exc:
                 delay = retries.delay_after(exc, max(self.last_ok, self.client.last_byte), self.client.urls)

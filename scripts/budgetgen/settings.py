@@ -15,6 +15,7 @@ or from `--config FILE --dataset D` (budgetgen.configfile), never from defaults 
 import os
 from dataclasses import dataclass
 
+from . import engines
 from .conversations import Plan
 from .identity import Identity, Policy, settings_of
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
@@ -183,7 +184,8 @@ class InferenceSettings:
     startup_wait_s: float
     progress_interval_s: float
     terminal_progress_interval_s: float
-    return_token_ids: bool | str  # False, "vllm" or "sglang"
+    engine: str  # the server's dialect (budgetgen.engines): openai, vllm, sglang, llamacpp
+    want_ids: bool  # server.return_token_ids: ask for the prompt's and the generated token ids
     continuous_usage_stats: bool
     endpoint_concurrency: int
     endpoint_recheck_s: float
@@ -204,7 +206,7 @@ class InferenceSettings:
         server = config["server"]
         g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
         urls = server.get("base_url") or []
-        api = server["return_token_ids"]
+        engine, want_ids = engines.resolve(server)
         concurrency = int(g("concurrency"))
         if slots is not None:
             concurrency = min(concurrency, int(slots))
@@ -218,7 +220,7 @@ class InferenceSettings:
             max_retries=int(server["max_retries"]), unreachable_deadline_s=float(server["unreachable_deadline_s"]),
             startup_wait_s=float(server["startup_wait_s"]), progress_interval_s=float(server["progress_interval_s"]),
             terminal_progress_interval_s=float(server["terminal_progress_interval_s"]),
-            return_token_ids=("vllm" if api is True else api) or False,
+            engine=engine, want_ids=want_ids,
             continuous_usage_stats=bool(server["continuous_usage_stats"]),
             endpoint_concurrency=int(server["endpoint_concurrency"]),
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),

@@ -28,6 +28,10 @@ total_tokens). `--engine` picks the wire format of token ids and reasoning (with
           `--return-input-ids --return-output-ids`) send one chunk `{"choices": [], "sglext": {"input_ids":
           [...], "output_ids": [[...]]}}` before the usage chunk; `return_token_ids` with `stream: true` is
           HTTP 400 (SGLang's ErrorResponse body); unknown fields (e.g. `return_input_ids`) are dropped.
+  llamacpp  (llama.cpp's llama-server at 0c1e570, vendored in llama-cpp-python 0.3.36) reasoning in
+          `delta.reasoning_content`; the first chunk's delta `{"role": "assistant", "content": null}`;
+          usage only on the final `choices: []` chunk (`continuous_usage_stats` is not in its schema:
+          ignored); no token ids in chat streams (id fields are ignored).
 
 `spawn(args, workdir)` starts the server as a subprocess and returns (Popen, base_url) for tests.
 """
@@ -64,6 +68,25 @@ small every found still between name should home big give air line set own under
 end along while might next sound below saw something thought both few those always looked show large
 often together asked house world going want school important until form food keep
 """.split()
+
+# The released engines this server imitates (--engine), each read from that release's own server source,
+# independently of budgetgen.engines (tests check both name the same releases):
+#   reasoning_field     the delta field of reasoning text
+#   continuous_usage    usage on every chunk when stream_options.continuous_usage_stats is asked for
+#   ids                 how token ids are asked for and sent: "vllm", "sglext" or None (never sent)
+#   first_content_null  the first chunk's delta is {"role": "assistant", "content": null}
+RELEASED = {
+    "vllm": {"release": "vLLM 0.33.0", "reasoning_field": "reasoning", "continuous_usage": True, "ids": "vllm",
+             "first_content_null": False},
+    "sglang": {"release": "SGLang 0.5.23", "reasoning_field": "reasoning_content", "continuous_usage": True,
+               "ids": "sglext", "first_content_null": False},
+    # llama.cpp tools/server at 0c1e570 (vendored in llama-cpp-python 0.3.36): server-task.cpp
+    # to_json_oaicompat_chat_stream / partial to_json_oaicompat_chat, server-schema.cpp (stream_options has
+    # include_usage only), server-context.cpp (`data: [DONE]`, `:` comment pings while silent)
+    "llamacpp": {"release": "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36)",
+                 "reasoning_field": "reasoning_content", "continuous_usage": False, "ids": None,
+                 "first_content_null": True},
+}
 
 _J0 = [json.dumps(w).encode() for w in VOCAB]  # a token's JSON string, first in its field
 _J1 = [json.dumps(" " + w).encode() for w in VOCAB]  # later tokens: with a leading space
@@ -469,6 +492,7 @@ class MockServer:
         self.cfg, self.loop = cfg, loop
         self.models = cfg.model or ["mock-model"]
         self.field = cfg.reasoning_field.encode()
+        self.first_content = b"null" if RELEASED[cfg.engine]["first_content_null"] else b'""'
         self.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         self.slots = Slots(cfg.slots)
         self.stats = Stats(loop, cfg.slots)
@@ -507,7 +531,7 @@ class MockServer:
 
     def ask_ids(self, plan, messages, body, headers):
         """Set the plan's ids as the engine of --engine sends them for this request (module docstring)."""
-        if self.cfg.engine == "vllm":
+        if RELEASED[self.cfg.engine]["ids"] == "vllm":
             if body.get("return_token_ids"):
                 prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
                 if body.get("include_reasoning", True) is not False:
@@ -673,13 +697,15 @@ class MockServer:
         stream_options = body.get("stream_options") or {}
         include_usage = stream and bool(stream_options.get("include_usage"))
         # as vLLM: usage on every chunk only together with include_usage
-        continuous = include_usage and bool(stream_options.get("continuous_usage_stats"))
+        behaviour = RELEASED[cfg.engine]
+        continuous = (include_usage and bool(stream_options.get("continuous_usage_stats"))
+                      and behaviour["continuous_usage"])
         if cfg.engine == "sglang" and stream and body.get("return_token_ids"):
             return self.send_json(conn, req, 400, {
                 "object": "error", "message": "return_token_ids is not supported with streaming on "
                 "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
                 "type": "BadRequest", "param": None, "code": 400}, chat=True)
-        if cfg.token_ids_tokenizer:
+        if cfg.token_ids_tokenizer and behaviour["ids"]:
             self.ask_ids(plan, messages, body, req.headers)
 
         await self.slots.acquire(conn)
@@ -785,7 +811,8 @@ class MockServer:
             first_ids = b',"prompt_token_ids":' + json.dumps(plan.prompt_ids).encode()
         self.stats.by_status[200] += 1
         conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=req.keep_alive)
-                   + chunk(pre + b'"role":"assistant","content":""' + suffix[:-3] + running(0) + first_ids + b"}\n\n"))
+                   + chunk(pre + b'"role":"assistant","content":' + self.first_content + suffix[:-3] + running(0)
+                           + first_ids + b"}\n\n"))
         if plan.hang:
             await conn.drain()
             await conn.wait(self.loop.create_future())  # returns only by raising Disconnected
@@ -920,12 +947,13 @@ def build_parser():
     g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
     g.add_argument("--reasoning-share", type=_probability, default=0.0,
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
-    g.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
-                   help="the released engine whose wire format of token ids and reasoning to imitate: vLLM "
-                        "0.33.0 or SGLang 0.5.23 (see the module docstring; default %(default)s)")
+    g.add_argument("--engine", choices=sorted(RELEASED), default="vllm",
+                   help="the released engine whose wire format of token ids, usage and reasoning to imitate: "
+                        + ", ".join(f"{k} ({v['release']})" for k, v in RELEASED.items())
+                        + " (see the module docstring; default %(default)s)")
     g.add_argument("--reasoning-field", choices=["reasoning_content", "reasoning"],
-                   help="field name of reasoning text (default: the engine's, vLLM reasoning, SGLang "
-                        "reasoning_content)")
+                   help="field name of reasoning text (default: the engine's, vLLM reasoning, SGLang and "
+                        "llama.cpp reasoning_content)")
     g.add_argument("--token-ids-tokenizer", metavar="PATH",
                    help="tokenizer folder: answer token-id requests (the engine's fields) with the generated "
                         "turn's ids as this tokenizer's chat template tokenizes it (needs transformers)")
@@ -984,7 +1012,7 @@ def parse_args(argv=None):
     if cfg.slots < 0 or cfg.context_limit < 0:
         ap.error("--slots and --context-limit must not be negative")
     if cfg.reasoning_field is None:
-        cfg.reasoning_field = "reasoning" if cfg.engine == "vllm" else "reasoning_content"
+        cfg.reasoning_field = RELEASED[cfg.engine]["reasoning_field"]
     if cfg.sglang_return_ids and cfg.engine != "sglang":
         ap.error("--sglang-return-ids needs --engine sglang")
     if cfg.tokens_per_event < 1:

@@ -227,4 +227,5 @@ def test_model_config_that_is_not_there(tmp_path, tiny_tokenizer):
     wf = make(tmp_path, tiny_tokenizer)
     wf.config["tokenizer"]["model_config"] = "nowhere/config.json"
     wf.write_config()
-    refused(wf, "config key tokenizer.model_config: file not found: nowhere/config.json")
+    refused(wf, "config key tokenizer.model_config: file not found: nowhere/config.json (relative paths in the "
+            "config are read from the working directory", prefix=True)

@@ -237,7 +237,7 @@ def test_readme_cluster_walkthrough_as_written_from_outside_the_clone(tmp_path, 
     home.mkdir()
     (home / "budgetgen").symlink_to(REPO)
     srv = server()
-    wf = make(work, srv, tiny_tokenizer, {"A": 3})
+    make(work, srv, tiny_tokenizer, {"A": 3})
     os.rename(work / "config.yaml", work / "my.yaml")
     editor = tmp_path / "editor.sh"
     editor.write_text("#!/bin/sh\nsed -i \"s/'CHANGE_ME'/'my-lab'/\" \"$1\"\n")

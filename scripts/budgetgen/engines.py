@@ -1,0 +1,179 @@
+"""Engines as dialects: what each inference server's released OpenAI-compatible chat stream looks like.
+
+The client (budgetgen.client) speaks OpenAI chat-completions streaming to every server and asks its
+dialect for what differs: the request fields that ask for token ids, where the ids come back, which
+delta fields carry reasoning, whether per-chunk usage is sent, how an error object reads, and the
+hint a user gets when the ids do not come. No other module knows an engine's field names
+(tests/workflow/test_conventions.py checks it).
+
+Each dialect names the release whose server source it was read from (`pip download --no-deps`, unzip,
+read; the README's engine table says what was read where):
+
+  openai    any OpenAI-compatible server (transformers serve, proxies): reasoning in
+            `reasoning_content` or `reasoning`; no token ids
+  vllm      vLLM 0.33.0: `return_token_ids: true` puts `prompt_token_ids` on the first chunk and
+            `token_ids` on every choice chunk; reasoning in `delta.reasoning`
+  sglang    SGLang 0.5.23: `return_input_ids_in_sglext` / `return_output_ids_in_sglext` send one
+            chunk `{"choices": [], "sglext": {"input_ids": [...], "output_ids": [[...]]}}` before the
+            usage chunk; reasoning in `delta.reasoning_content`; unknown request fields are dropped
+  llamacpp  llama.cpp's `llama-server` (tools/server, llama.cpp 0c1e570 as vendored in PyPI
+            llama-cpp-python 0.3.36): reasoning in `delta.reasoning_content` (`--reasoning-format`);
+            usage only on the final `choices: []` chunk (no continuous usage); no token ids in chat
+            streams (`return_tokens` is for /completion only); SSE comment pings while silent
+
+`server.engine` picks one (default `auto`: the engine `server.return_token_ids` names, else openai).
+Adding an engine: README, "Adding an engine".
+"""
+
+import json
+from dataclasses import dataclass
+
+ENGINES = ("openai", "vllm", "sglang", "llamacpp")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One engine's chat-stream wire format (the module docstring)."""
+
+    name: str
+    imitates: str  # the release whose server was read
+    reasoning_fields: tuple = ("reasoning_content", "reasoning")
+    ids_fields: tuple = ()  # request fields that ask for the prompt's and the generated ids while streaming
+    ids_hint: str = ""  # what to do when the ids do not come
+    continuous_usage: bool = True  # honours stream_options.continuous_usage_stats
+
+    @property
+    def sends_ids(self) -> bool:
+        return bool(self.ids_fields)
+
+    def request_fields(self, want_ids: bool) -> dict:
+        """Fields added to a chat request's body."""
+        return {name: True for name in self.ids_fields} if want_ids else {}
+
+    def stream_options(self, continuous_usage_stats: bool) -> dict:
+        options = {"include_usage": True}
+        if continuous_usage_stats and self.continuous_usage:
+            options["continuous_usage_stats"] = True
+        return options
+
+    def reasoning(self, delta: dict):
+        """The reasoning text of one delta, or None."""
+        for name in self.reasoning_fields:
+            if delta.get(name):
+                return delta[name]
+        return None
+
+    def chunk_ids(self, chunk: dict):
+        """(prompt ids, generated ids) a chunk carries at its top level (None where it carries none);
+        generated ids here are the whole response's."""
+        return None, None
+
+    def choice_ids(self, choice: dict):
+        """(prompt ids, generated ids of this chunk) a choice carries (None where it carries none)."""
+        return None, None
+
+    def refused_field(self, message: str):
+        """The ids field an error message names (a server refusing it), or None."""
+        return next((f for f in self.ids_fields if f in message), None)
+
+    @staticmethod
+    def error_status(obj):
+        """The HTTP-like status of an error object (`{"error": {"code": 400, ...}}`, SGLang's
+        `{"object": "error", "code": 400}`), or None."""
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if not isinstance(err, dict):
+            err = obj if isinstance(obj, dict) else {}
+        for key in ("code", "status", "status_code"):
+            value = err.get(key)
+            if isinstance(value, int) and 100 <= value <= 599:
+                return value
+            if isinstance(value, str) and value.isdigit() and 100 <= int(value) <= 599:
+                return int(value)
+        return None
+
+    @staticmethod
+    def error_message(body) -> str:
+        """An error body's message, at most 300 characters."""
+        try:
+            obj = json.loads(body)
+            err = obj.get("error", obj)
+            if isinstance(err, dict):
+                return str(err.get("message") or err.get("detail") or obj)[:300]
+            return str(err)[:300]
+        except (ValueError, AttributeError):
+            return body[:300].decode(errors="replace") if isinstance(body, bytes) else str(body)[:300]
+
+    @staticmethod
+    def is_error_chunk(chunk: dict) -> bool:
+        return "error" in chunk and not chunk.get("choices")
+
+
+class VLLM(Dialect):
+    def chunk_ids(self, chunk):
+        return chunk.get("prompt_token_ids") or None, None
+
+    def choice_ids(self, choice):
+        return choice.get("prompt_token_ids") or None, choice.get("token_ids") or None
+
+
+class SGLang(Dialect):
+    def chunk_ids(self, chunk):
+        ext = chunk.get("sglext")
+        if not isinstance(ext, dict):
+            return None, None
+        out = ext.get("output_ids")
+        return ext.get("input_ids") or None, (out[0] if out and isinstance(out[0], list) else None)
+
+
+DIALECTS = {
+    "openai": Dialect("openai", "any OpenAI-compatible server"),
+    "vllm": VLLM(
+        "vllm", "vLLM 0.33.0", reasoning_fields=("reasoning", "reasoning_content"),
+        ids_fields=("return_token_ids",),
+        ids_hint="vLLM sends them with return_token_ids unless extra_body.include_reasoning is false (remove it); "
+                 "for SGLang set server.return_token_ids: sglang"),
+    "sglang": SGLang(
+        "sglang", "SGLang 0.5.23", reasoning_fields=("reasoning_content",),
+        ids_fields=("return_input_ids_in_sglext", "return_output_ids_in_sglext"),
+        ids_hint="SGLang (0.5.23) sends them with return_input_ids_in_sglext/return_output_ids_in_sglext, "
+                 "or launch it with --return-input-ids --return-output-ids; for vLLM set server.return_token_ids: vllm"),
+    "llamacpp": Dialect("llamacpp", "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36)",
+                        reasoning_fields=("reasoning_content",), continuous_usage=False),
+}
+
+# request fields a user must not set in extra_body: the setting that sends them (the schema's one-line errors)
+IDS_REQUEST_FIELDS = {f: name for name, d in DIALECTS.items() for f in d.ids_fields}
+
+
+def dialect(name: str) -> Dialect:
+    return DIALECTS[name]
+
+
+def resolve(server: dict):
+    """(engine name, ids wanted) from the validated `server` section: `server.engine` (auto: the engine
+    `return_token_ids` names, true meaning vLLM's; else openai) and whether ids are asked for."""
+    ids = server.get("return_token_ids") or False
+    named = "vllm" if ids is True else (ids or None)
+    engine = server.get("engine") or "auto"
+    if engine == "auto":
+        engine = named or "openai"
+    return engine, bool(ids)
+
+
+def engine_problem(server: dict):
+    """One line where `server.engine` and `server.return_token_ids` disagree, or the engine sends no ids;
+    else None."""
+    ids = server.get("return_token_ids") or False
+    engine, want = resolve(server)
+    if not want:
+        return None
+    chosen = DIALECTS[engine]
+    if not chosen.sends_ids:
+        senders = ", ".join(n for n, d in DIALECTS.items() if d.sends_ids)
+        return (f"config key server.return_token_ids: {ids} asks {chosen.imitates} (server.engine: {engine}) for "
+                f"token ids, which it does not send in chat streams (engines that do: {senders}); set "
+                "server.return_token_ids: false (rows are then the template's render of the text)")
+    if ids is not True and ids != engine:
+        return (f"config key server.return_token_ids: {ids} names another engine than server.engine: {engine}; "
+                f"set server.return_token_ids: true (the ids of server.engine) or make them agree")
+    return None
