@@ -18,6 +18,7 @@ One module per concern:
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
   journal      the append-only response journal and errors.jsonl: scan, torn-tail repair, lock, append
   budget       completed-length model and the dispatch rule that stops at the token budget
+  engines      engines as dialects: each released server's chat-stream fields, the only module naming them
   client       async httpx OpenAI chat client: streaming, retry classes, health check
   launch       a server started by the inference job itself (server.launch): start, wait, stop
   cluster      what an inference job asks a cluster for, by server mode; the profile's checks

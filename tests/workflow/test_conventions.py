@@ -185,3 +185,23 @@ def test_readme_developer_map_and_package_docstring_list_every_module(package):
     docstring = ast.get_docstring(ast.parse((REPO / "scripts" / package / "__init__.py").read_text()))
     missing = [m for m in modules if not re.search(rf"^  {m}\s", docstring, re.M)]
     assert not missing, f"{package}/__init__.py's docstring does not list modules {missing}"
+
+
+# Wire names only an engine uses: only budgetgen.engines may name them. The client (which reads the wire)
+# may not name the ones that are also the journal's or a config key's either (reasoning_content,
+# prompt_token_ids, return_token_ids, continuous_usage_stats): it asks its dialect.
+ENGINE_ONLY = {"sglext", "return_input_ids_in_sglext", "return_output_ids_in_sglext", "token_ids", "output_ids",
+               "include_usage", "include_reasoning", "continuous_usage_stats"}
+WIRE_NAMES = ENGINE_ONLY | {"reasoning", "reasoning_content", "prompt_token_ids", "return_token_ids"}
+
+
+def test_only_the_engines_module_knows_engine_field_names():
+    found = []
+    for path in sorted((REPO / "scripts" / "budgetgen").glob("*.py")):
+        if path.name == "engines.py":
+            continue
+        names = WIRE_NAMES if path.name == "client.py" else ENGINE_ONLY - {"continuous_usage_stats"}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not found, "engine field names outside budgetgen.engines: " + ", ".join(found)
