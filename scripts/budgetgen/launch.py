@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .client import ServerUnreachable
+from .endpoints import ServerUnreachable
 from .errors import UserError
 
 log = logging.getLogger(__name__)

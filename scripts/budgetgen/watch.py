@@ -223,7 +223,7 @@ def _rows(views):
     """The table's rows, the same for the rich table and the plain one: per view (cells, bar) with bar
     (completed, total) of tokens of the budget, or of generations for a dataset being exhausted; then
     the total line (its bar None)."""
-    from .inference import fmt_eta
+    from .progress import fmt_eta
 
     out = []
     for v in views:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from budgetgen import conversations, state
-from budgetgen.client import EndpointPool
+from budgetgen.endpoints import EndpointPool
 from budgetgen.conversations import Plan
 from budgetgen.prompts import Prompt
 from budgetgen.status import compute_status

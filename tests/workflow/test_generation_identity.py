@@ -96,7 +96,10 @@ def test_history_and_temperature_changed_on_an_exhausted_dataset_never_pass_as_t
     assert len(first) == 1 and first[0]["settings"]["temperature"] == 0.6
     change(wf, history_reasoning="keep", temperature=0.7)
     refused(wf, srv, 'history_reasoning "drop" -> "keep"', "temperature 0.6 -> 0.7")
-    assert provenance(wf)["generation_settings"] == first  # the outputs say how their rows were made
+    # refused: no row of the old settings is left to pass as the new ones' (issue 29: nothing stale looks
+    # finished); the journal keeps every record
+    assert not wf.path("results", "D", "tokenized.arrow").exists()
+    assert not wf.path("results", "summary.tsv").exists()
     change(wf, on_settings_change="regenerate")
     wf.run("--cores", "2", "all")
     (made,) = provenance(wf)["generation_settings"]

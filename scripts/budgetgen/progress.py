@@ -1,0 +1,152 @@
+"""Progress of an inference job, and its formatting (shared with budgetgen.watch).
+
+Rates: responses and tokens over a sliding window. RunStats: what this run did (retries, discarded tokens,
+errors, responses) and the two progress lines: the full one for logs/inference/D.log and the compact
+one for the run's terminal (TERMINAL_LINE reads it back). JobProgress: those lines of a running job,
+per dataset and per lane, written where they go.
+"""
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+from . import journal
+from .errors import terminal
+
+log = logging.getLogger(__name__)
+
+
+class Rates:
+    """Responses and tokens over a sliding window, for req/s, tok/s and the ETA."""
+
+    def __init__(self, window_s=60.0):
+        self.window_s = window_s
+        self.events = deque()  # (t, tokens)
+
+    def add(self, tokens, now=None):
+        self.events.append((now or time.monotonic(), tokens))
+
+    def rates(self, now=None):
+        now = now or time.monotonic()
+        while self.events and now - self.events[0][0] > self.window_s:
+            self.events.popleft()
+        if not self.events:
+            return 0.0, 0.0
+        span = max(1e-6, min(self.window_s, now - self.events[0][0]) or 1e-6)
+        return len(self.events) / span, sum(t for _, t in self.events) / span
+
+
+def fmt_eta(seconds):
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+NAME_WIDTH = 40  # terminal_line's name column: `D/CELL/validation` names up to 40 characters align
+
+
+class RunStats:
+    """What this run did, for the progress line and the done marker."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.retries = 0
+        self.retry_kinds = {}
+        self.discarded_tokens = 0  # streamed by attempts that failed or were cancelled
+        self.errors = 0  # permanent errors of this run
+        self.responses = 0  # responses journaled by this run
+        self.rates = Rates()
+
+    def retried(self, exc):
+        kind = str(exc).split(":")[0]
+        self.retries += 1
+        self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
+
+    def progress_line(self, journaled, budget, inflight, streaming, queued):
+        rps, tps = self.rates.rates()
+        pct = 100.0 * journaled.tokens / budget if budget else 100.0
+        left = budget - journaled.tokens
+        eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
+        return (f"progress: {journaled.records} responses, {journaled.tokens}/{budget} tokens ({pct:.1f}%), "
+                f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {inflight} ({streaming} tokens streamed), "
+                f"queued {queued}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
+
+    def terminal_line(self, dataset, journaled, budget, inflight, state="running", rates=None):
+        """The compact line for the run's terminal: dataset name first, fixed columns, so the lines of
+        several datasets running at once stay readable (TERMINAL_LINE reads it back). `rates`: a lane's
+        (`D/CELL`), else the dataset's."""
+        _, tps = (rates or self.rates).rates()
+        pct = 100.0 * journaled.tokens / budget if budget else 100.0
+        left = budget - journaled.tokens
+        eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
+        if state.startswith("done"):
+            eta = 0  # finished: exhausted short of the budget has nothing left to wait for
+        return (f"budgetgen {dataset:<{NAME_WIDTH}} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
+                f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  ETA {fmt_eta(eta):>8}  {state}")
+
+
+# What terminal_line writes, for whoever reads the run's terminal or its Snakemake log (tests, scripts).
+TERMINAL_LINE = (r"^budgetgen (?P<dataset>\S+)\s+(?P<tokens>[\d,]+) / (?P<budget>[\d,]+)\s+tok\s+(?P<pct>[\d.]+)%\s+"
+                 r"(?P<tps>[\d,]+) tok/s\s+in flight\s+(?P<inflight>\d+)\s+errors\s+(?P<errors>\d+)\s+"
+                 r"ETA\s+(?P<eta>\S+)\s+(?P<state>.+)$")
+
+
+class JobProgress:
+    """The progress lines of one running job: what it has journaled (run_state), what is in flight (the
+    job's `inflight` {task: StreamProgress} and `task_lane` {task: LaneRun}, shared, not copied)."""
+
+    def __init__(self, dataset, budget, stats, run_state, inflight, task_lane):
+        self.dataset, self.budget, self.stats, self.rs = dataset, budget, stats, run_state
+        self.inflight, self.task_lane = inflight, task_lane
+
+    def line(self):
+        rs = self.rs
+        line = self.stats.progress_line(rs.journaled, self.budget, len(self.inflight),
+                                        sum(p.seen for p in self.inflight.values()), rs.queued())
+        if len(rs.lanes) > 1:
+            line += "; lanes: " + ", ".join(f"{k} {lr.tokens}/{lr.lane.budget}" for k, lr in rs.lanes.items())
+        return line
+
+    def to_terminal(self, state="running"):
+        """The compact progress line on the run's terminal (errors.terminal(): under Snakemake, where
+        the log lines go to the rule's log), and one per lane (`D/CELL`) for a dataset of several;
+        nothing when the job runs from the command line."""
+        out = terminal()
+        if out is None:
+            return
+        rs = self.rs
+        out.write(self.stats.terminal_line(self.dataset, rs.journaled, self.budget, len(self.inflight), state) + "\n")
+        if len(rs.lanes) > 1:
+            for k, lr in rs.lanes.items():
+                counts = journal.JournalState(path="", tokens=lr.tokens, records=lr.records)
+                lane_state = state if not state.startswith("done") else \
+                    f"done: {'met' if lr.tokens >= lr.lane.budget else 'exhausted'}"
+                out.write(self.stats.terminal_line(f"{self.dataset}/{k}", counts, lr.lane.budget,
+                                                   sum(1 for t in self.inflight if self.task_lane.get(t) is lr),
+                                                   lane_state, rates=lr.rates) + "\n")
+
+    async def tick(self, writer, settings, fail):
+        """The progress lines every server.progress_interval_s (the log) and terminal_progress_interval_s
+        (the terminal). Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
+        covers a quiet spell after the last one. If it fails (an fsync error), `fail(exc)` hands it to the
+        dispatch loop, which raises it: the job fails with its one line."""
+        s = settings
+        tick = min(s.progress_interval_s, s.terminal_progress_interval_s, 2.0)
+        last_line = last_terminal = time.monotonic()
+        try:
+            while True:
+                await asyncio.sleep(tick)
+                writer.sync()
+                now = time.monotonic()
+                if now - last_line >= s.progress_interval_s - 1e-3:
+                    last_line = now
+                    log.info(self.line())
+                if now - last_terminal >= s.terminal_progress_interval_s - 1e-3:
+                    last_terminal = now
+                    self.to_terminal()
+        except Exception as exc:  # noqa: BLE001 - handed to the dispatch loop, which raises it
+            fail(exc)

@@ -1,0 +1,134 @@
+"""Retries and errors of an inference job: one request's attempts (RequestRetries), the permanent
+errors held until a success proves them the prompts' (PermanentErrors), the proof that the server works
+when every request of a run failed (prove_server), and the setting such errors most likely come from.
+"""
+
+import asyncio
+import logging
+import time
+
+from . import journal
+from .client import PermanentError, TransientError, backoff_delay
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class ServerDown(Exception):
+    pass
+
+
+class RequestRetries:
+    """One prompt's attempts. Failures of the HTTP class (5xx, 429, a stall, a cut stream) count toward
+    max_retries; connection errors (an outage) do not, they retry until the unreachable deadline, which
+    runs from the last sign of life of the server (a response completed or any byte received).
+    Backoff is exponential with jitter; its exponent counts failures of the kind at hand, so after an
+    outage's connection errors a 500 from the server that is back waits like a first retry."""
+
+    def __init__(self, max_retries, deadline_s):
+        self.max_retries = max_retries
+        self.deadline_s = deadline_s
+        self.attempts = 0
+        self.http_failures = 0
+
+    def delay_after(self, exc, last_alive, urls):
+        """Seconds to wait before the next attempt, or None to give up for this run (raises ServerDown
+        when the server has shown no sign of life for the deadline)."""
+        down_for = time.monotonic() - last_alive
+        if down_for > self.deadline_s:
+            raise ServerDown(f"server at {', '.join(urls)} failing for {down_for:.0f} s "
+                             f"(deadline {self.deadline_s:g} s; last error: {exc})")
+        self.attempts += 1
+        self.http_failures += not exc.connection
+        if self.http_failures > self.max_retries:
+            return None
+        step = self.attempts if exc.connection else self.http_failures
+        return backoff_delay(min(step, 6), retry_after=exc.retry_after)
+
+
+class PermanentErrors:
+    """This run's permanent errors (a 4xx that is the prompt's, e.g. context too long).
+
+    Each is held until a later request succeeds, which proves the server works and the error the
+    prompt's: then it goes to errors.jsonl, with the request params that produced it. A kill loses the
+    held ones; their prompts are asked again. FAILURE_STREAK of them in a row with the same status and
+    no success between is a server-wide failure (a broken deployment, a setting every request trips
+    on): UserError, and none is recorded.
+    """
+
+    FAILURE_STREAK = 20
+
+    def __init__(self, path):
+        self.path = path
+        self.pending = []
+        self.streak_status, self.streak = None, 0
+
+    def add(self, gen_id, messages, exc, identity, params, where=None):
+        """`identity`, `params`: those of the lane (mixture cell) that made the request."""
+        self.pending.append({"id": gen_id, "identity": identity.sha, **(where or {}), "messages": messages,
+                             "status": exc.status, "error": exc.message, "identity_settings": identity.settings,
+                             "params": params, "created": round(time.time(), 3), "usage": {}})
+        self.streak = self.streak + 1 if self.streak_status == exc.status else 1
+        self.streak_status = exc.status
+        if self.streak >= self.FAILURE_STREAK:
+            raise UserError(f"every request fails the same way: {self.streak} in a row with {exc} (last prompt "
+                            f"{gen_id}); none recorded as the prompts' errors; fix the server or settings "
+                            "and rerun")
+
+    def success(self):
+        self.streak_status, self.streak = None, 0
+        self.flush()
+
+    def flush(self):
+        for rec in self.pending:
+            journal.append_error(self.path, rec)
+        self.pending.clear()
+
+    def first(self):
+        return self.pending[0] if self.pending else None
+
+
+async def prove_server(job):
+    """Every request of this run failed permanently: that the server works under these settings must
+    be proved in this run before the errors are the prompts' (an earlier run's records prove nothing
+    about a setting changed since). One prompt answered before is asked again (the answer is not
+    kept): answered, the errors are recorded and the run goes on to its end; refused too, the
+    settings are at fault: one line, nothing recorded."""
+    s, rs = job.s, job.run_state
+    first = job.errors.first()
+    failed = f"{job.stats.errors} requests of this run failed permanently (first: {first['id']}: HTTP " \
+             f"{first['status']}: {first['error'][:200]})"
+    probe, lr = next(((c, lr) for lr in rs.lanes.values() for c in lr.chains if c.turn_id(1) in rs.journaled.ids),
+                     (None, None))
+    if probe is None:
+        raise UserError(f"no response from the server for any prompt of this run: {failed}; nothing recorded; "
+                        f"{likely_setting(first['error'], s)}")
+    log.info(f"{failed}; asking {probe.turn_id(1)}, answered before, again to tell the prompts' errors "
+             "from the server's or the settings'")
+    retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
+    while True:
+        try:
+            await job.client.chat(probe.request(1), lr.cell.params, want_ids=s.want_ids)
+            break
+        except TransientError as exc:
+            delay = retries.delay_after(exc, max(job.last_ok, job.client.last_byte), job.client.urls)
+            if delay is None:
+                raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails too: {exc}; "
+                                "nothing recorded; rerun when the server answers") from None
+            await asyncio.sleep(delay)
+        except PermanentError as exc:
+            raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails the same way ({exc}): "
+                            f"the settings, not the prompts, are at fault; nothing recorded; "
+                            f"{likely_setting(str(exc), s)}") from None
+    log.info(f"{probe.turn_id(1)} answered: the server works under these settings; the errors are the prompts'")
+    job.errors.success()
+
+
+def likely_setting(message, s):
+    """The setting a permanent error that every request meets most likely comes from, for its one line."""
+    text = message.lower()
+    if any(w in text for w in ("context", "max_tokens", "maximum", "too long", "length")):
+        return (f"likely generation.max_tokens ({s.max_tokens}): prompt + max_tokens past the model's context "
+                "length; lower it")
+    return ("likely a setting every request sends: server.model, generation.temperature / top_p / extra_body "
+            "(e.g. a chat_template_kwargs key the server refuses)")
