@@ -22,11 +22,17 @@ One module per concern:
   client       async httpx OpenAI chat client: streaming, retry classes, health check
   launch       a server started by the inference job itself (server.launch): start, wait, stop
   cluster      what an inference job asks a cluster for, by server mode; the profile's checks
-  inference    the dispatch loop tying prompts, budget, client and journal together
+  endpoints    the servers behind one client: pool, failover, the watchdog, the model check
+  plan         what an inference job finds and has left to ask: prepare(), RunState, the dispatch order
+  progress     StreamProgress, rates, the progress lines (log, terminal; shared with watch)
+  retries      one request's attempts, permanent errors held until proved the prompts', prove_server
+  inference    the dispatch loop tying plan, budget, client and journal together; the outcome
   status       budget status of a dataset (the checkpoint's content)
   state        a dataset's state (fresh, partial, met, exhausted, refused), defined once
   turn_format  the tokenizer loaded and its template probed: end-of-turn token, reasoning delimiters
+  chat_render  the chat template rendered as the engines render it (content parts, compiled + checked)
   rows         training rows: prompt + completion ids and loss masks (server ids or the text fallback)
+  raw_records  raw_responses.jsonl read one way: a validated record, its split and cell
   tokenization the tokenize job's file driver: batches, worker pool, Arrow output with provenance
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv

@@ -36,6 +36,7 @@ import numpy as np
 
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
+from budgetgen.raw_records import record_cell, record_split
 
 
 def to_specforge(raw_path, out_path, split="train"):
@@ -56,9 +57,9 @@ def to_specforge(raw_path, out_path, split="train"):
                          for m in rec["messages"]]
             except (ValueError, KeyError, TypeError) as exc:
                 raise UserError(f"{raw_path}:{lineno}: not a budgetgen response record ({exc})") from None
-            if (rec.get("split") or "train") != split:
+            if record_split(rec) != split:
                 continue
-            out.write(json.dumps({"id": rec["id"], "conversations": turns, "cell": rec.get("cell") or "default"},
+            out.write(json.dumps({"id": rec["id"], "conversations": turns, "cell": record_cell(rec)},
                                  ensure_ascii=False) + "\n")
             n += 1
     return n

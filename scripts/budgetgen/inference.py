@@ -31,14 +31,14 @@ import signal
 import time
 
 from . import conversations, journal
-from .budget import StreamProgress, overshoot_pct
+from .budget import overshoot_pct
 from .client import ChatClient, PermanentError, TransientError
 from .errors import UserError
 from .failures import note_cause
 from .fsutil import write_json_atomic
 from .launch import LaunchedServer
 from .plan import Generation, prepare
-from .progress import JobProgress, RunStats
+from .progress import JobProgress, RunStats, StreamProgress
 from .retries import PermanentErrors, RequestRetries, ServerDown, prove_server
 from .settings import InferenceSettings
 from .state import lanes_state

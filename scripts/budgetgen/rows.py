@@ -46,7 +46,8 @@ more than max_skipped_pct percent of records skipped fails the job, naming the r
 import json
 import operator
 
-from budgetgen.turn_format import TurnFormat, as_parts, check_options, prepare_messages, record_kwargs
+from budgetgen.chat_render import ChatRenderer
+from budgetgen.turn_format import TurnFormat, check_options, record_kwargs
 
 # Skip reasons (counted, never written).
 NO_SUPERVISED_TOKENS = "no_supervised_tokens"
@@ -85,30 +86,13 @@ class RowEncoder:
             # which skips building BatchEncoding/offsets. A per-batch spot check guards the shortcut.
             tokenizer(["x"], add_special_tokens=False)
         self.fast_ok = self.backend is not None and hasattr(self.backend, "encode_batch_fast")
-        self.content_parts = self._wants_content_parts()
-        self.direct = self._setup_direct()
-
-    def _wants_content_parts(self):
-        """Whether the template reads message content as OpenAI parts ([{"type": "text", "text"}]),
-        as MiniMax-M1's does (`message['content'][0]['text']`); the engines detect this and convert
-        string contents before rendering, and so does this encoder."""
-        probe = TurnFormat.PROBE
-        conv = [{"role": "user", "content": probe}]
-
-        def renders(c):
-            try:
-                out = self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **self.kwargs)
-            except Exception:
-                return False
-            return probe in out
-
-        return not renders(conv) and renders(as_parts(conv))
+        self.renderer = ChatRenderer(tokenizer, self.kwargs)
 
     def turn_format(self, kwargs):
         key = json.dumps(kwargs, sort_keys=True)
         if key not in self.formats:
             def render(conv):
-                out, _ = self.render([conv], False, kwargs)
+                out, _ = self.renderer.render([conv], False, kwargs)
                 return out[0]
             self.formats[key] = TurnFormat(self.tokenizer, render, self.reasoning_tags)
         return self.formats[key]
@@ -123,72 +107,11 @@ class RowEncoder:
             self.fast_ok = False
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-    def render(self, conversations, add_generation_prompt, kwargs):
-        """Render each conversation to text; failures become None (with the first error's text)."""
-        if self.content_parts:
-            conversations = [as_parts(conv) for conv in conversations]
-        if self.direct is not None:
-            out = self._render_direct(conversations, add_generation_prompt, kwargs)
-            if out is not None:
-                return out, None
-        apply = self.tokenizer.apply_chat_template
-        try:
-            return apply(conversations, tokenize=False, add_generation_prompt=add_generation_prompt,
-                         **kwargs), None
-        except Exception:
-            pass
-        out, first_error = [], None
-        for conv in conversations:
-            try:
-                out.append(apply([conv], tokenize=False, add_generation_prompt=add_generation_prompt,
-                                 **kwargs)[0])
-            except Exception as exc:
-                out.append(None)
-                first_error = first_error or f"{type(exc).__name__}: {exc}"
-        return out, first_error
-
-    def _setup_direct(self):
-        """The compiled template, to render without apply_chat_template's per-call overhead.
-
-        apply_chat_template deep-copies every conversation into plain data for the sandbox, drops
-        None-valued keys and aliases the reasoning fields; for JSON-loaded messages only the last two
-        change anything, and _prepare does them. A per-batch spot check against apply_chat_template
-        turns this off if it ever renders differently.
-        """
-        try:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-
-            template = _compile_jinja_template(self.tokenizer.get_chat_template())
-        except Exception:
-            return None
-        return template, dict(self.tokenizer.special_tokens_map)
-
-    def _render_direct(self, conversations, add_generation_prompt, kwargs):
-        template, variables = self.direct
-        try:
-            out = [template.render(messages=prepare_messages(conv), tools=None, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **variables, **kwargs)
-                   for conv in conversations]
-            check = self.tokenizer.apply_chat_template(
-                [conversations[0]], tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)[0]
-        except Exception:
-            return None  # apply_chat_template's path sorts out which conversation fails
-        if out[0] != check:
-            self.direct = None
-            return None
-        return out
-
-    def encode(self, records):
-        """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
-
-        The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
-        (dict with "messages", "finish_reason", "params"?, "prompt_token_ids"?, "completion_token_ids"?).
-        """
+    def _server_ids(self, records):
+        """The server's ids where the records have them: (results with the skips so far, prompt ids,
+        completion ids, the indices whose prompt is rendered here)."""
         n = len(records)
-        results = [None] * n
-        prompt_ids, completion_ids = [None] * n, [None] * n
-        first_error = None
-        need_prompt = []  # indices whose prompt is rendered here
+        results, prompt_ids, completion_ids, need_prompt = [None] * n, [None] * n, [None] * n, []
         for i, rec in enumerate(records):
             server = rec.get("completion_token_ids") if self.use_server_ids else None
             if server:
@@ -200,6 +123,17 @@ class RowEncoder:
                     prompt_ids[i] = list(rec["prompt_token_ids"])
                     continue
             need_prompt.append(i)
+        return results, prompt_ids, completion_ids, need_prompt
+
+    def encode(self, records):
+        """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
+
+        The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
+        (dict with "messages", "finish_reason", "params"?, "prompt_token_ids"?, "completion_token_ids"?).
+        """
+        n = len(records)
+        results, prompt_ids, completion_ids, need_prompt = self._server_ids(records)
+        first_error = None
         # render the prompts, one group per chat_template_kwargs (each record's own)
         groups = {}
         for i in need_prompt:
@@ -209,7 +143,7 @@ class RowEncoder:
         prompt_text = {}
         for kwargs, idx in groups.values():
             fmt = self.turn_format(kwargs)
-            rendered, err = self.render([records[i]["messages"][:-1] for i in idx], True, kwargs)
+            rendered, err = self.renderer.render([records[i]["messages"][:-1] for i in idx], True, kwargs)
             first_error = first_error or err
             for i, text in zip(idx, rendered):
                 if text is None:

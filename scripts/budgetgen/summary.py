@@ -7,6 +7,7 @@ split) gets a row per lane after its own (`cell`, `split`), with the lane's budg
 import os
 
 from . import conversations, journal, prompts
+from .raw_records import record_cell, record_split
 from .state import budget_state, lanes_of, lanes_state
 
 COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_tokens", "token_budget", "budget_share",
@@ -118,7 +119,7 @@ def lane_rows(dataset, raw_path, lanes, tokenized, validation, shape):
     records of raw_responses.jsonl that finalize marked with their cell and split."""
     groups = {}
     for _, rec in journal.iter_records(raw_path):
-        key = (rec.get("cell") or "default", rec.get("split") or "train")
+        key = (record_cell(rec), record_split(rec))
         lengths, cut = groups.setdefault(key, ([], [0]))
         lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
         cut[0] += rec.get("finish_reason") == "length"

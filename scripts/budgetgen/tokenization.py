@@ -13,12 +13,14 @@ import json
 import os
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from budgetgen.conversations import record_place, record_prompt_id
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
-from budgetgen.identity import record_settings, record_sha
+from budgetgen.identity import record_settings
+from budgetgen.raw_records import line_batches, parse_record, record_cell, record_split
 from budgetgen.rows import SKIP_HINTS, RowEncoder
 from budgetgen.turn_format import (
     chat_template_sha256,
@@ -81,56 +83,9 @@ def _schema():
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Files
-
-
-def _parse_record(line, lineno, input_path, samples=1):
-    where = f"{input_path}:{lineno}"
-    try:
-        record = json.loads(line)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise UserError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{where}: a record must be a JSON object")
-    rid = record.get("id")
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
-        raise UserError(f"{where}: record has no \"id\"")
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise UserError(f"{where}: \"messages\" must be a non-empty list")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise UserError(f"{where}: each message must be an object with a \"role\"")
-    if messages[-1]["role"] != "assistant":
-        raise UserError(f"{where}: the last message must be the generated assistant turn, "
-                        f"got role {messages[-1]['role']!r}")
-    finish = record.get("finish_reason")
-    if finish is not None and not isinstance(finish, str):
-        raise UserError(f"{where}: \"finish_reason\" must be a string")
-    for key in ("completion_token_ids", "prompt_token_ids"):
-        ids = record.get(key)
-        if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):
-            raise UserError(f"{where}: \"{key}\" must be a list of integers")
-    # the generation identity it was made under (budgetgen.identity): mixing several mixes data distributions
-    return str(rid), record, finish, record_sha(record, samples)
-
-
-def record_split(record):
-    """The split a raw_responses.jsonl record belongs to (finalize writes it; budgetgen.mixture)."""
-    return record.get("split") or "train"
-
-
-def record_cell(record):
-    return record.get("cell") if isinstance(record.get("cell"), str) else "default"
-
-
 def _encode_chunk(encoder, chunk, input_path):
     """Parse and encode (lineno, line) pairs of the encoder's split; return (RecordBatch or None, stats)."""
-    import numpy as np
-    import pyarrow as pa
-
-    records = [_parse_record(line, lineno, input_path, encoder.samples) for lineno, line in chunk]
+    records = [parse_record(line, lineno, input_path, encoder.samples) for lineno, line in chunk]
     other = 0
     if encoder.split is not None:
         mine = [r for r in records if record_split(r[1]) == encoder.split]
@@ -164,6 +119,19 @@ def _encode_chunk(encoder, chunk, input_path):
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
+    batch, total, supervised = _record_batch(rows, [kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt,
+                                                    kept_identity, kept_cell])
+    stats.update(rows=len(rows), tokens=total, supervised_tokens=supervised)
+    return batch, stats
+
+
+def _record_batch(rows, columns):
+    """The Arrow batch of encoded rows ((ids, prompt_len, end) each; the loss mask is 1 on ids[prompt_len:end])
+    and their other columns (id, finish_reason, conversation_id, turn, prompt_id, identity, cell): (batch,
+    tokens, supervised tokens)."""
+    import numpy as np
+    import pyarrow as pa
+
     n = len(rows)
     lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int64, count=n)
     prompt_len = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
@@ -180,46 +148,24 @@ def _encode_chunk(encoder, chunk, input_path):
             & (position < np.repeat(starts + mask_end, lengths)))
     offsets32 = pa.array(offsets.astype(np.int32))
     supervised = mask_end - prompt_len
-    schema = _schema()
+    ids, finish, conv, turn, prompt, identity, cell = columns
     batch = pa.RecordBatch.from_arrays(
         [
-            pa.array(kept_ids, type=pa.string()),
+            pa.array(ids, type=pa.string()),
             pa.ListArray.from_arrays(offsets32, pa.array(values, type=pa.int32())),
             pa.ListArray.from_arrays(offsets32, pa.array(mask.view(np.int8), type=pa.int8())),
             pa.array(lengths.astype(np.int32), type=pa.int32()),
             pa.array(supervised.astype(np.int32), type=pa.int32()),
-            pa.array(kept_finish, type=pa.string()),
-            pa.array(kept_conv, type=pa.string()),
-            pa.array(kept_turn, type=pa.int32()),
-            pa.array(kept_prompt, type=pa.string()),
-            pa.array(kept_identity, type=pa.string()),
-            pa.array(kept_cell, type=pa.string()),
+            pa.array(finish, type=pa.string()),
+            pa.array(conv, type=pa.string()),
+            pa.array(turn, type=pa.int32()),
+            pa.array(prompt, type=pa.string()),
+            pa.array(identity, type=pa.string()),
+            pa.array(cell, type=pa.string()),
         ],
-        schema=schema,
+        schema=_schema(),
     )
-    stats.update(rows=n, tokens=total, supervised_tokens=int(supervised.sum()))
-    return batch, stats
-
-
-def _chunks(input_path, batch_size):
-    """Yield lists of (lineno, line bytes), batch_size non-blank lines each."""
-    try:
-        f = open(input_path, "rb")
-    except FileNotFoundError:
-        raise UserError(f"{input_path}: no such file") from None
-    except OSError as exc:
-        raise UserError(f"{input_path}: cannot read ({exc.strerror})") from None
-    with f:
-        chunk = []
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            chunk.append((lineno, line))
-            if len(chunk) >= batch_size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+    return batch, total, int(supervised.sum())
 
 
 # Worker-process state (multiprocessing): one encoder per process, built by the initializer.
@@ -259,6 +205,96 @@ def format_summary(rows, skipped):
     return f"Tokenized: {rows} ({total} skipped: {parts}){hints}"
 
 
+class _Tally:
+    """What the batches of one file add up to: records, rows, tokens, skips, identities."""
+
+    def __init__(self):
+        self.totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
+        self.skipped, self.first_skipped = Counter(), {}
+        self.records = self.other_split = 0
+        self.first_error = None
+        self.settings = Counter()  # identity sha -> records
+        self.identities = {}  # identity sha -> readable settings
+
+    def add(self, stats):
+        """A batch's stats; returns the first template error seen, once."""
+        self.records += stats["records"]
+        self.other_split += stats["other_split"]
+        self.settings.update(stats["settings"])
+        for sha, readable in stats["identities"].items():
+            self.identities.setdefault(sha, readable)
+        self.skipped.update(stats["skipped"])
+        for reason, rid in stats["first_skipped"].items():
+            self.first_skipped.setdefault(reason, rid)
+        for key in self.totals:
+            self.totals[key] += stats[key]
+        if stats["error"] and self.first_error is None:
+            self.first_error = stats["error"]
+            return self.first_error
+        return None
+
+    def refusal(self, input_path, o):
+        """One line when too many records were skipped, or several identities mix; else None."""
+        n_skipped, records = sum(self.skipped.values()), self.records
+        if records and 100.0 * n_skipped / records > o.max_skipped_pct:
+            reason, count = self.skipped.most_common(1)[0]
+            return (f"{input_path}: {n_skipped} of {records} records skipped "
+                    f"({100.0 * n_skipped / records:.1f} % > tokenizer.max_skipped_pct {o.max_skipped_pct:g}); "
+                    f"most: {reason} ({count}, first id {self.first_skipped[reason]!r})"
+                    + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
+        if len(self.settings) > 1 and not o.allow_mixed_settings:
+            kinds = "; ".join(f"{n} x {json.dumps(self.identities.get(k, {}).get('settings'), sort_keys=True)}"
+                              for k, n in self.settings.most_common())
+            return (f"{input_path}: responses were generated with {len(self.settings)} different "
+                    f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
+                    "(or generation.on_settings_change: extend) to tokenize them together")
+        return None
+
+    def metadata(self, o, tokenizer_path, template_sha):
+        """The file's provenance: the generation identities its rows were made under (budgetgen.identity;
+        each row's `identity` column names its own), never the config's if they differ."""
+        return {
+            "generation_settings": [{"identity": k, "records": n, **self.identities.get(k, {})}
+                                    for k, n in self.settings.most_common()],
+            "split": o.split or "all",
+            "cells": sorted({v.get("cell") for v in self.identities.values()} - {None}),
+            "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
+            "packages": package_versions(),
+            "tokenizer_path": tokenizer_path,
+            "chat_template_sha256": template_sha,
+            "chat_template_kwargs": o.chat_template_kwargs or {},
+            "max_length": int(o.max_length),
+            "use_server_token_ids": bool(o.use_server_token_ids),
+            "server_id_rows": self.totals["server_id_rows"],
+            "trust_remote_code": bool(o.trust_remote_code),
+            "reasoning_tags": list(o.reasoning_tags) if o.reasoning_tags else None,
+            "config_sha256": o.config_sha256,
+            "rows": self.totals["rows"],
+            "skipped": dict(sorted(self.skipped.items())),
+        }
+
+
+@contextmanager
+def _encoded_batches(o, tokenizer, input_path):
+    """(batch or None, stats) of every batch of the file, in order: in this process, or on a pool of
+    o.processes spawned workers (terminated on exit)."""
+    batch_size = max(1, int(o.batch_size))
+    processes = max(1, int(o.processes))
+    if processes == 1:
+        encoder = o.encoder(tokenizer)
+        yield (_encode_chunk(encoder, chunk, input_path) for chunk in line_batches(input_path, batch_size))
+        return
+    import multiprocessing
+
+    pool = multiprocessing.get_context("spawn").Pool(
+        processes, initializer=_worker_init, initargs=(o, input_path, _cpu_count() // processes))
+    try:
+        yield pool.imap(_worker_encode, line_batches(input_path, batch_size))
+    finally:
+        pool.terminate()
+        pool.join()
+
+
 def tokenize_file(input_path, output_path, options, log=print):
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file under `options` (TokenizeOptions);
     return the stats.
@@ -271,102 +307,34 @@ def tokenize_file(input_path, output_path, options, log=print):
     o = options
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     tokenizer_path = os.fspath(o.tokenizer)
-    max_length, chat_template_kwargs, max_skipped_pct = o.max_length, o.chat_template_kwargs, o.max_skipped_pct
-    check_options(max_length, chat_template_kwargs)
-    processes = max(1, int(o.processes))
-    batch_size = max(1, int(o.batch_size))
+    check_options(o.max_length, o.chat_template_kwargs)
     if not os.path.isfile(input_path):
         raise UserError(f"{input_path}: no such file")
     # Loaded here even with workers: fails early with a clean error, and gives the template's hash.
     tokenizer = load_tokenizer(tokenizer_path, o.trust_remote_code)
     template_sha = chat_template_sha256(tokenizer)
-
-    totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
-    skipped, first_skipped = Counter(), {}
-    records = other_split = 0
+    tally, schema = _Tally(), _schema()
     started = last_progress = time.monotonic()
-    first_error = None
-    settings = Counter()  # identity sha -> records
-    identities = {}  # identity sha -> readable settings
-    schema = _schema()
-
     with atomic_path(output_path) as tmp:
         spool = tmp + ".spool"  # batches go here as they come; the final file needs the counts up front
         try:
-            with pa.OSFile(spool, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-                if processes == 1:
-                    encoder = o.encoder(tokenizer)
-                    results = (_encode_chunk(encoder, chunk, input_path)
-                               for chunk in _chunks(input_path, batch_size))
-                    pool = None
-                else:
-                    import multiprocessing
-
-                    pool = multiprocessing.get_context("spawn").Pool(
-                        processes, initializer=_worker_init,
-                        initargs=(o, input_path, _cpu_count() // processes))
-                    results = pool.imap(_worker_encode, _chunks(input_path, batch_size))
-                try:
-                    for batch, stats in results:
-                        if batch is not None:
-                            writer.write_batch(batch)
-                        records += stats["records"]
-                        other_split += stats["other_split"]
-                        settings.update(stats["settings"])
-                        for sha, readable in stats["identities"].items():
-                            identities.setdefault(sha, readable)
-                        skipped.update(stats["skipped"])
-                        for reason, rid in stats["first_skipped"].items():
-                            first_skipped.setdefault(reason, rid)
-                        for key in totals:
-                            totals[key] += stats[key]
-                        if stats["error"] and first_error is None:
-                            first_error = stats["error"]
-                            log(f"warning: chat template failed on a conversation: {first_error}")
-                        now = time.monotonic()
-                        if now - last_progress >= PROGRESS_SECONDS:
-                            last_progress = now
-                            rate = records / (now - started)
-                            log(f"Tokenizing: {records} records, {totals['rows']} rows, "
-                                f"{totals['tokens']} tokens ({rate:.0f} records/s)")
-                finally:
-                    if pool is not None:
-                        pool.terminate()
-                        pool.join()
-            n_skipped = sum(skipped.values())
-            if records and 100.0 * n_skipped / records > max_skipped_pct:
-                reason, count = skipped.most_common(1)[0]
-                raise UserError(f"{input_path}: {n_skipped} of {records} records skipped "
-                                f"({100.0 * n_skipped / records:.1f} % > tokenizer.max_skipped_pct {max_skipped_pct:g}); "
-                                f"most: {reason} ({count}, first id {first_skipped[reason]!r})"
-                                + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
-            if len(settings) > 1 and not o.allow_mixed_settings:
-                kinds = "; ".join(f"{n} x {json.dumps(identities.get(k, {}).get('settings'), sort_keys=True)}"
-                                  for k, n in settings.most_common())
-                raise UserError(f"{input_path}: responses were generated with {len(settings)} different "
-                                f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
-                                "(or generation.on_settings_change: extend) to tokenize them together")
-            metadata = {
-                # the provenance: the generation identities its rows were made under (budgetgen.identity;
-                # each row's `identity` column names its own), never the config's if they differ
-                "generation_settings": [{"identity": k, "records": n, **identities.get(k, {})}
-                                        for k, n in settings.most_common()],
-                "split": o.split or "all",
-                "cells": sorted({v.get("cell") for v in identities.values()} - {None}),
-                "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
-                "packages": package_versions(),
-                "tokenizer_path": tokenizer_path,
-                "chat_template_sha256": template_sha,
-                "chat_template_kwargs": chat_template_kwargs or {},
-                "max_length": int(max_length),
-                "use_server_token_ids": bool(o.use_server_token_ids),
-                "server_id_rows": totals["server_id_rows"],
-                "trust_remote_code": bool(o.trust_remote_code),
-                "reasoning_tags": list(o.reasoning_tags) if o.reasoning_tags else None,
-                "config_sha256": o.config_sha256,
-                "rows": totals["rows"],
-                "skipped": dict(sorted(skipped.items())),
-            }
+            with pa.OSFile(spool, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
+                    _encoded_batches(o, tokenizer, input_path) as results:
+                for batch, stats in results:
+                    if batch is not None:
+                        writer.write_batch(batch)
+                    error = tally.add(stats)
+                    if error:
+                        log(f"warning: chat template failed on a conversation: {error}")
+                    now = time.monotonic()
+                    if now - last_progress >= PROGRESS_SECONDS:
+                        last_progress = now
+                        log(f"Tokenizing: {tally.records} records, {tally.totals['rows']} rows, "
+                            f"{tally.totals['tokens']} tokens ({tally.records / (now - started):.0f} records/s)")
+            refusal = tally.refusal(input_path, o)
+            if refusal:
+                raise UserError(refusal)
+            metadata = tally.metadata(o, tokenizer_path, template_sha)
             final_schema = schema.with_metadata({"budgetgen": json.dumps(metadata, sort_keys=True)})
             with pa.memory_map(spool, "r") as source, pa.OSFile(tmp, "wb") as sink:
                 with pa.ipc.new_stream(sink, final_schema) as writer:
@@ -377,8 +345,8 @@ def tokenize_file(input_path, output_path, options, log=print):
                 os.unlink(spool)
             except FileNotFoundError:
                 pass
-
-    log(format_summary(totals["rows"], skipped)
-        + (f"; {other_split} records of the other split left to its own file" if other_split else ""))
-    return {"rows": totals["rows"], "skipped": dict(sorted(skipped.items())), "tokens": totals["tokens"],
+    totals = tally.totals
+    log(format_summary(totals["rows"], tally.skipped)
+        + (f"; {tally.other_split} records of the other split left to its own file" if tally.other_split else ""))
+    return {"rows": totals["rows"], "skipped": dict(sorted(tally.skipped.items())), "tokens": totals["tokens"],
             "supervised_tokens": totals["supervised_tokens"], "server_id_rows": totals["server_id_rows"]}

@@ -4,7 +4,8 @@ import statistics
 
 import pytest
 
-from budgetgen.budget import DispatchPolicy, LengthModel, StreamProgress
+from budgetgen.budget import DispatchPolicy, LengthModel
+from budgetgen.progress import StreamProgress
 
 
 def test_empty_model_is_pessimistic_at_max_tokens():

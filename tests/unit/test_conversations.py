@@ -9,8 +9,8 @@ import os
 import pytest
 
 from budgetgen import conversations, state
-from budgetgen.endpoints import EndpointPool
 from budgetgen.conversations import Plan
+from budgetgen.endpoints import EndpointPool
 from budgetgen.prompts import Prompt
 from budgetgen.status import compute_status
 

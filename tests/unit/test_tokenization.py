@@ -163,16 +163,16 @@ def test_reasoning_field_aliases_and_none_values(toks):
 
 
 def test_direct_render_falls_back_when_it_disagrees(toks, monkeypatch):
-    from budgetgen import rows
+    from budgetgen import chat_render, rows
 
     tok = toks["chatml"]
     records = [rec(conversation(m, r)) for m in (False, True) for r in (False, True)]
     expected = encode_batch(tok, records, max_length=4096)
     # A broken shortcut (reasoning aliasing lost) must be caught by the spot check, not written out.
-    monkeypatch.setattr(rows, "prepare_messages", lambda conv: [{"role": "user", "content": "wrong"}])
+    monkeypatch.setattr(chat_render, "prepare_messages", lambda conv: [{"role": "user", "content": "wrong"}])
     encoder = rows.RowEncoder(tok, 4096)
     results, _ = encoder.encode(records)
-    assert encoder.direct is None
+    assert encoder.renderer.direct is None
     assert [(ids, lp, end) for ids, lp, end in results] == [
         (ids, mask.index(1), len(mask) - mask[::-1].index(1)) for ids, mask in expected]
 

@@ -205,3 +205,24 @@ def test_only_the_engines_module_knows_engine_field_names():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not found, "engine field names outside budgetgen.engines: " + ", ".join(found)
+
+
+MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 400, 150, 60
+
+
+def test_the_product_package_keeps_modules_classes_and_functions_small():
+    """budgetgen's modules at most 400 lines, classes 150, functions 60 (docstrings included): a module
+    that grows past them is split by concern, as inference (plan, progress, retries) and client
+    (endpoints, engines) were."""
+    too_big = []
+    for path in sorted((REPO / "scripts" / "budgetgen").glob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            too_big.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            size = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, ast.ClassDef) and size > CLASS_LINES:
+                too_big.append(f"{path.name}: class {node.name} {size} lines")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > FUNCTION_LINES:
+                too_big.append(f"{path.name}: {node.name}() {size} lines")
+    assert not too_big, f"over {MODULE_LINES}/{CLASS_LINES}/{FUNCTION_LINES} lines: " + "; ".join(too_big)
