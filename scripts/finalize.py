@@ -24,14 +24,14 @@ def main(argv=None, config=None):
     add_dataset_arguments(ap)
     a = ap.parse_args(argv)
     s = InferenceSettings.from_config(dataset_config(a, config), a.dataset)
-    mix, samples = s.mixture, s.plan.samples
+    mix = s.mixture
     place = mix.placer(s.policy, s.load_prompts().prompts if mix.validation_share > 0 else None)
     tokens = count = 0
     per_split = {}
     with atomic_output(s.paths.raw_responses) as f:
-        for _, rec in journal.iter_records(s.paths.journal, accepts=s.policy.accepts, samples=samples):
+        for lineno, rec in journal.iter_records(s.paths.journal, accepts=s.policy.accepts):
             named = rec.get("cell") if isinstance(rec.get("cell"), str) else None
-            rec["cell"], rec["split"] = place(record_sha(rec, samples), str(rec["id"]), named)
+            rec["cell"], rec["split"] = place(record_sha(rec, f"{s.paths.journal}:{lineno}"), str(rec["id"]), named)
             f.write(journal.encode_record(rec))
             tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
             count += 1

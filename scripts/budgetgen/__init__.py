@@ -9,6 +9,7 @@ One module per concern:
   configfile   the config file read outside Snakemake (load_config, --config FILE --dataset D)
   template_check  chat_template_kwargs against the target's chat template (keys it reads, cells that differ)
   params       the request parameters that affect content, as journaled with every record
+  migration    journals written before identities: refused in one line, stamped once (migrate_journal.py)
   identity     the generation identity of every record, and what a settings change does to a journal
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)

@@ -16,7 +16,8 @@ head) and `"identity_settings": {...}` (readable). Settings that change how fast
 is made, or how much of it (budget, concurrency, timeouts, endpoints, progress, the dispatch-order
 seed), never change it.
 
-Records written before identities existed carry none: theirs is the identity their params imply
+Records written before identities existed carry none: every reader refuses them in one line naming
+scripts/migrate_journal.py (budgetgen.migration), which stamps each with the identity its params imply
 (`legacy_identity`: params hold the request parameters, and under turns: all the turns and
 history_reasoning; a record with a `sample` field was made with several samples per prompt, taken to
 be the configured number when that is above one). So upgrading regenerates nothing.
@@ -113,17 +114,22 @@ def legacy_identity(record, configured_samples=1):
     return Identity.of(settings)
 
 
-def record_sha(record, configured_samples=1):
-    """The identity sha of a parsed journal or error record (stored, else legacy_identity's)."""
+def record_sha(record, where):
+    """The identity sha a parsed journal or error record stores. A record without one (written before
+    identities) is refused in one line naming the migration (budgetgen.migration), `where` its FILE:LINE."""
     sha = record.get("identity")
     if isinstance(sha, str) and sha:
         return sha
-    return legacy_identity(record, configured_samples).sha
+    from .errors import UserError
+    from .migration import legacy_line
+
+    raise UserError(legacy_line(where))
 
 
-def record_settings(record, configured_samples=1):
+def record_settings(record):
+    """The readable settings a record stores with its identity."""
     settings = record.get("identity_settings")
-    return settings if isinstance(settings, dict) else legacy_identity(record, configured_samples).settings
+    return settings if isinstance(settings, dict) else None
 
 
 def differences(old, new):

@@ -161,11 +161,10 @@ def parse_line(line, where):
     return str(rec["id"]), tokens, rec
 
 
-def scan(path, repair=False, accepts=None, samples=1, lane_of=None):
+def scan(path, repair=False, accepts=None, lane_of=None):
     """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
     first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
-    by default); `samples`: the configured samples_per_prompt, for records written before identities
-    (identity.legacy_identity); `lane_of(sha, id, cell named by the identity's records) -> key`: the lane a counted record
+    by default; a record without an identity is refused, budgetgen.migration); `lane_of(sha, id, cell named by the identity's records) -> key`: the lane a counted record
     belongs to (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in full only where the head and tail do not say
     enough (a record without a stored identity; an identity's first record, for its settings)."""
     from .identity import record_settings, record_sha
@@ -180,7 +179,7 @@ def scan(path, repair=False, accepts=None, samples=1, lane_of=None):
             rid, sha, tokens = got
         if sha is None or sha not in state.by_identity:
             rid, tokens, rec = parse_line(line, f"{path}:{lineno}")
-            sha, settings = record_sha(rec, samples), record_settings(rec, samples)
+            sha, settings = record_sha(rec, f"{path}:{lineno}"), record_settings(rec)
         count = state.by_identity.get(sha)
         if count is None:
             cell = rec.get("cell")
@@ -209,7 +208,7 @@ def scan(path, repair=False, accepts=None, samples=1, lane_of=None):
     return state
 
 
-def iter_records(path, accepts=None, samples=1):
+def iter_records(path, accepts=None):
     """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only, of the
     identities `accepts` takes (all by default; see scan)."""
     from .identity import record_sha
@@ -217,13 +216,13 @@ def iter_records(path, accepts=None, samples=1):
     seen = set()
     for lineno, line in whole_lines(path):
         rid, _, rec = parse_line(line, f"{path}:{lineno}")
-        if rid in seen or (accepts is not None and not accepts(record_sha(rec, samples))):
+        if rid in seen or (accepts is not None and not accepts(record_sha(rec, f"{path}:{lineno}"))):
             continue
         seen.add(rid)
         yield lineno, rec
 
 
-def records_by_id(path, ids, accepts=None, samples=1):
+def records_by_id(path, ids, accepts=None):
     """{id: record} of the first whole record of each of `ids` among the identities `accepts` takes
     (only those lines are parsed in full): the turns a resumed conversation continues from."""
     from .identity import record_sha
@@ -236,14 +235,14 @@ def records_by_id(path, ids, accepts=None, samples=1):
         if got is not None and (got[0] not in wanted or got[0] in found):
             continue
         rid, _, rec = parse_line(line, f"{path}:{lineno}")
-        if rid in wanted and rid not in found and (accepts is None or accepts(record_sha(rec, samples))):
+        if rid in wanted and rid not in found and (accepts is None or accepts(record_sha(rec, f"{path}:{lineno}"))):
             found[rid] = rec
             if len(found) == len(wanted):
                 break
     return found
 
 
-def errors_by_identity(errors_path, samples=1):
+def errors_by_identity(errors_path):
     """{identity sha: ids} of the permanent errors in errors.jsonl, every record read (one id may have
     failed under several settings). An error holds only under the identity that produced it."""
     from .identity import record_sha
@@ -251,7 +250,7 @@ def errors_by_identity(errors_path, samples=1):
     found = {}
     for lineno, line in whole_lines(errors_path):
         rid, _, rec = parse_line(line, f"{errors_path}:{lineno}")
-        found.setdefault(record_sha(rec, samples), set()).add(rid)
+        found.setdefault(record_sha(rec, f"{errors_path}:{lineno}"), set()).add(rid)
     return found
 
 

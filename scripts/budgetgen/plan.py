@@ -141,7 +141,7 @@ def prepare(s):
         lock.release()
         raise
     _log_identities(s, journaled)
-    by_identity = journal.errors_by_identity(s.paths.errors, s.plan.samples)
+    by_identity = journal.errors_by_identity(s.paths.errors)
     accounts, pool = mixture.account(s.mixture, s.policy, pset.prompts, journaled, by_identity)
     errored = set().union(*(by_identity.get(sha, set()) for sha in s.policy.shas))
     elsewhere = set().union(*by_identity.values()) - errored - journaled.ids
@@ -220,7 +220,7 @@ def _lane_runs(s, accounts, journaled, errored):
                              errored & {g for c in acc.chains for g in c.ids()}, lengths,
                              DispatchPolicy(acc.lane.budget, lengths), Rates())
     previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for _, c, k in started_all],
-                                     accepts=s.policy.accepts, samples=s.plan.samples)
+                                     accepts=s.policy.accepts)
     for key, c, k in reversed(started_all):
         lanes[key].queue.appendleft(Generation(c, k, previous[c.turn_id(k - 1)], lane=key))
     if started_all:

@@ -10,7 +10,7 @@ from budgetgen.identity import record_sha
 from budgetgen.mixture import DEFAULT_CELL, TRAIN
 
 
-def parse_record(line, lineno, input_path, samples=1):
+def parse_record(line, lineno, input_path):
     """One line of raw_responses.jsonl, validated: (id, record, finish_reason, identity sha); a line that
     is not a response record is one line naming FILE:LINE."""
     where = f"{input_path}:{lineno}"
@@ -40,7 +40,7 @@ def parse_record(line, lineno, input_path, samples=1):
         if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):
             raise UserError(f"{where}: \"{key}\" must be a list of integers")
     # the generation identity it was made under (budgetgen.identity): mixing several mixes data distributions
-    return str(rid), record, finish, record_sha(record, samples)
+    return str(rid), record, finish, record_sha(record, where)
 
 
 def record_split(record):

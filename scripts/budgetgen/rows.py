@@ -68,10 +68,9 @@ class RowEncoder:
     """A tokenizer plus what encoding needs, built once (per worker process)."""
 
     def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None,
-                 samples=1, split=None):
+                 split=None):
         check_options(max_length, chat_template_kwargs)
         self.tokenizer = tokenizer
-        self.samples = samples  # generation.samples_per_prompt, for records written before identities
         self.split = split  # the split whose records become rows (None: every record; budgetgen.mixture)
         self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
         self.use_server_ids = use_server_ids

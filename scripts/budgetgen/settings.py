@@ -279,7 +279,6 @@ class TokenizeSettings:
     chat_template_kwargs: dict
     config_sha256: str
     policy: Policy  # which records' identities belong in the rows (extend: several, each row says its own)
-    samples: int  # generation.samples_per_prompt, for records written before identities
     validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
 
     @classmethod
@@ -295,7 +294,6 @@ class TokenizeSettings:
             max_skipped_pct=float(t["max_skipped_pct"]),
             chat_template_kwargs=chat_template_kwargs(config, dataset),
             config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset),
-            samples=int(generation_setting(config, dataset, "samples_per_prompt")),
             validation=validation_share(config, dataset) > 0,
         )
 
@@ -311,5 +309,5 @@ class TokenizeSettings:
             trust_remote_code=self.trust_remote_code, reasoning_tags=self.reasoning_tags,
             allow_mixed_settings=self.allow_mixed_settings or self.policy.on_change == "extend"
             or len(self.policy.identities) > 1,
-            max_skipped_pct=self.max_skipped_pct, samples=self.samples, split=split if self.validation else None,
+            max_skipped_pct=self.max_skipped_pct, split=split if self.validation else None,
             config_sha256=self.config_sha256)

@@ -16,7 +16,7 @@ def scan_lanes(s, prompt_list=None, repair=False):
     mix = s.mixture
     if prompt_list is None and mix.validation_share > 0:
         prompt_list = s.load_prompts().prompts
-    return journal.scan(s.paths.journal, repair=repair, accepts=s.policy.accepts, samples=s.plan.samples,
+    return journal.scan(s.paths.journal, repair=repair, accepts=s.policy.accepts,
                         lane_of=mix.lane_of(s.policy, prompt_list))
 
 
@@ -27,7 +27,7 @@ def table_counts(s):
         try:
             return scan_lanes(s)
         except UserError:
-            return journal.scan(path, accepts=policy.accepts, samples=s.plan.samples,
+            return journal.scan(path, accepts=policy.accepts,
                                 lane_of=s.mixture.lane_of(policy, None))
     return count
 
@@ -45,7 +45,7 @@ def compute_status(s):
     policy, mix = s.policy, s.mixture
     pset = s.load_prompts()
     state = scan_lanes(s, pset.prompts)
-    errors = journal.errors_by_identity(s.paths.errors, s.plan.samples)
+    errors = journal.errors_by_identity(s.paths.errors)
     lanes, pool = mixture.account(mix, policy, pset.prompts, state, errors)
     # unclaimed prompts counted as their split's first cell would make them
     first_plan = {lane.split: lane.cell.plan for lane in reversed(mix.lanes)}

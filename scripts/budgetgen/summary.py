@@ -38,8 +38,7 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
     prompt_list = prompts.load_prompts(prompts_path, on_bad_line="skip").prompts
     n_prompts = len(prompt_list)
     chain_list = conversations.chains(prompt_list, plan or conversations.Plan())
-    samples = (plan or conversations.Plan()).samples
-    errored = set().union(*(ids for sha, ids in journal.errors_by_identity(errors_path, samples).items()
+    errored = set().union(*(ids for sha, ids in journal.errors_by_identity(errors_path).items()
                             if accepts is None or accepts(sha)))
     # generations that failed permanently and were not answered later (under other settings)
     errors = len(errored - answered)

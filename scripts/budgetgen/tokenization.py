@@ -36,8 +36,7 @@ class TokenizeOptions:
     """Everything tokenize_file needs besides its files (settings.TokenizeSettings.options() builds it
     from the config's tokenizer section; each field is that section's key of the same name).
 
-    chat_template_kwargs: for records that carry no request params of their own; samples: the
-    configured samples_per_prompt, for records written before identities; split: only the records of
+    chat_template_kwargs: for records that carry no request params of their own; split: only the records of
     that split (train or validation: their `split` field, budgetgen.mixture), None for all;
     config_sha256: recorded in the metadata; batch_size: records per batch (and per worker task)."""
 
@@ -50,7 +49,6 @@ class TokenizeOptions:
     reasoning_tags: tuple | None = None
     allow_mixed_settings: bool = False
     max_skipped_pct: float = 1.0
-    samples: int = 1
     split: str | None = None
     config_sha256: str | None = None
     batch_size: int = 512
@@ -58,7 +56,7 @@ class TokenizeOptions:
     def encoder(self, tokenizer):
         """The RowEncoder these options make of a loaded tokenizer."""
         return RowEncoder(tokenizer, self.max_length, self.chat_template_kwargs, self.use_server_token_ids,
-                          self.reasoning_tags, self.samples, self.split)
+                          self.reasoning_tags, self.split)
 
 PROGRESS_SECONDS = 5.0
 
@@ -85,7 +83,7 @@ def _schema():
 
 def _encode_chunk(encoder, chunk, input_path):
     """Parse and encode (lineno, line) pairs of the encoder's split; return (RecordBatch or None, stats)."""
-    records = [parse_record(line, lineno, input_path, encoder.samples) for lineno, line in chunk]
+    records = [parse_record(line, lineno, input_path) for lineno, line in chunk]
     other = 0
     if encoder.split is not None:
         mine = [r for r in records if record_split(r[1]) == encoder.split]
@@ -97,7 +95,7 @@ def _encode_chunk(encoder, chunk, input_path):
     server_rows = 0
     for (rid, rec, finish, sha), res in zip(records, results):
         if sha not in identities:
-            identities[sha] = {"settings": record_settings(rec, encoder.samples), "cell": record_cell(rec)}
+            identities[sha] = {"settings": record_settings(rec), "cell": record_cell(rec)}
         if isinstance(res, str):
             skipped[res] += 1
             first_skipped.setdefault(res, rid)

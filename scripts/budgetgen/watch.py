@@ -32,7 +32,6 @@ class JournalFollower:
 
     path: str
     accepts: object = None  # identity.Policy.accepts
-    samples: int = 1
     offset: int = 0
     inode: int | None = None
     tokens: int = 0
@@ -78,10 +77,14 @@ class JournalFollower:
             except (UserError, UnicodeDecodeError) as exc:
                 self.problem = str(exc) if isinstance(exc, UserError) else f"{self.path}:{self.lineno}: not UTF-8"
                 break
-            sha = record_sha(rec, self.samples)
+            try:
+                sha = record_sha(rec, f"{self.path}:{self.lineno}")
+            except UserError as exc:
+                self.problem = str(exc)
+                break
             count = self.by_identity.get(sha)
             if count is None:
-                count = self.by_identity[sha] = journal.IdentityCount(settings=record_settings(rec, self.samples))
+                count = self.by_identity[sha] = journal.IdentityCount(settings=record_settings(rec))
             count.records += 1
             count.tokens += tokens
             if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
@@ -135,7 +138,7 @@ class Watcher:
         from .settings import InferenceSettings
 
         self.settings = [InferenceSettings.from_config(config, ds) for ds in sorted(config["datasets"])]
-        self.followers = {s.dataset: JournalFollower(s.paths.journal, s.policy.accepts, s.plan.samples)
+        self.followers = {s.dataset: JournalFollower(s.paths.journal, s.policy.accepts)
                           for s in self.settings}
         self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)
 
@@ -169,7 +172,7 @@ class Watcher:
             st = state.MET
         elif st == state.FRESH and f.records:
             st = state.PARTIAL
-        errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors, s.plan.samples).items()
+        errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors).items()
                                 if s.policy.accepts(sha)))
         req_s, tok_s = f.rates(now)
         left = s.budget - f.tokens

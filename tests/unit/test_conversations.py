@@ -13,6 +13,7 @@ from budgetgen.conversations import Plan
 from budgetgen.endpoints import EndpointPool
 from budgetgen.prompts import Prompt
 from budgetgen.status import compute_status
+from support.records import stamped
 
 U = lambda text: {"role": "user", "content": text}  # noqa: E731
 A = lambda text, reasoning=None: {"role": "assistant", "content": text,  # noqa: E731
@@ -132,9 +133,9 @@ def test_a_status_counted_under_another_plan_never_says_exhausted(tmp_path):
 
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "a", "messages": [U("1"), A("x"), U("2")]}) + "\n")
     (tmp_path / "results" / "d").mkdir(parents=True)
-    (tmp_path / "results" / "d" / "journal.jsonl").write_text(json.dumps(
+    (tmp_path / "results" / "d" / "journal.jsonl").write_text(json.dumps(stamped(
         {"id": "a", "messages": [U("1"), A("x"), U("2"), A("y")], "params": {"model": "m", "max_tokens": 64},
-         "usage": {"completion_tokens": 5}}) + "\n")  # a record written before identities
+         "usage": {"completion_tokens": 5}})) + "\n")  # a record of turns: last
 
     def settings(**generation):
         path = tmp_path / "config.yaml"

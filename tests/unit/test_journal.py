@@ -6,13 +6,14 @@ import pytest
 
 from budgetgen import journal
 from budgetgen.errors import UserError
+from support.records import stamped
 
 
 def rec(i, tokens=10, content="text"):
-    return {"id": f"r{i}", "messages": [{"role": "user", "content": "q"},
-                                        {"role": "assistant", "content": content}],
-            "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
-                                               "total_tokens": tokens + 3}}
+    return stamped({"id": f"r{i}", "messages": [{"role": "user", "content": "q"},
+                                                {"role": "assistant", "content": content}],
+                    "finish_reason": "stop", "usage": {"prompt_tokens": 3, "completion_tokens": tokens,
+                                                       "total_tokens": tokens + 3}})
 
 
 def write(path, records):
@@ -33,7 +34,9 @@ def test_fast_parse_agrees_with_full_parse_even_with_tricky_content(tmp_path):
     line = journal.encode_record(rec('we"ird\\id', tokens=7, content=tricky))
     fast = journal.parse_line_fast(line)
     full = journal.parse_line(line, "x:1")
-    assert fast == (full[0], None, full[1]) == ('rwe"ird\\id', None, 7)  # no identity: written before them
+    assert fast == (full[0], full[2]["identity"], full[1]) == ('rwe"ird\\id', rec(0)["identity"], 7)
+    legacy = journal.encode_record({k: v for k, v in rec("x").items() if k != "identity"})
+    assert journal.parse_line_fast(legacy)[1] is None  # no identity: written before them
 
 
 def test_scan_counts_tokens_and_ids(tmp_path):
@@ -121,9 +124,9 @@ def test_append_is_one_whole_line_per_record(tmp_path):
 
 def error_rec(i, size):
     """An errors.jsonl record as inference.py writes it, with a large prompt (size bytes)."""
-    return {"id": f"e{i}", "messages": [{"role": "user", "content": "w " * (size // 2)}], "status": 400,
-            "error": "This model's maximum context length is 4096 tokens.", "params": {"max_tokens": 256},
-            "created": 1.0, "usage": {}}
+    return stamped({"id": f"e{i}", "messages": [{"role": "user", "content": "w " * (size // 2)}], "status": 400,
+                    "error": "This model's maximum context length is 4096 tokens.", "params": {"max_tokens": 256},
+                    "created": 1.0, "usage": {}})
 
 
 @pytest.mark.parametrize("opener", ["append_error", "JournalWriter"])
@@ -166,7 +169,7 @@ def test_opening_a_writer_on_a_whole_file_changes_nothing(tmp_path):
 
 
 # -- generation identities (budgetgen.identity) and the one reader ------------------------------------
-def stamped(i, identity, tokens=10):
+def under(i, identity, tokens=10):
     return {**rec(i, tokens), "identity": identity.sha, "identity_settings": identity.settings}
 
 
@@ -179,7 +182,7 @@ def test_scan_counts_only_the_identities_that_count_and_every_identity_apart(tmp
     old = Identity.of({"model": "m", "temperature": 0.6, "turns": "last", "samples_per_prompt": 1})
     new = Identity.of({"model": "m", "temperature": 0.7, "turns": "last", "samples_per_prompt": 1})
     p = tmp_path / "j.jsonl"
-    write(p, [stamped(i, old, 10) for i in range(3)] + [stamped(i, new, 20) for i in range(2)])
+    write(p, [under(i, old, 10) for i in range(3)] + [under(i, new, 20) for i in range(2)])
     line = p.read_text().splitlines()[0]
     assert list(json.loads(line))[:2] == ["id", "identity"] and journal.parse_line_fast(line)[1] == old.sha
     st = journal.scan(p, accepts=lambda sha: sha == new.sha)
@@ -190,13 +193,26 @@ def test_scan_counts_only_the_identities_that_count_and_every_identity_apart(tmp
     assert (everything.records, everything.tokens, everything.duplicates) == (3, 30, 2)
     assert [r["id"] for _, r in journal.iter_records(p, accepts=lambda sha: sha == new.sha)] == ["r0", "r1"]
     assert journal.records_by_id(p, ["r1"], accepts=lambda sha: sha == new.sha)["r1"]["usage"]["completion_tokens"] == 20
-    # a record written before identities is the identity its params imply
-    legacy = {**rec(9), "params": {"model": "m", "max_tokens": 8, "temperature": 1}}
-    q = tmp_path / "legacy.jsonl"
-    write(q, [legacy])
-    (sha,) = journal.scan(q).by_identity
+    # a record written before identities: every reader refuses it in one line naming the migration, which
+    # stamps it with the identity its params imply
+    legacy = {k: v for k, v in rec(9).items() if k not in ("identity", "identity_settings")}
+    legacy["params"] = {"model": "m", "max_tokens": 8, "temperature": 1}
+    q = tmp_path / "D" / "journal.jsonl"
+    write(q, [rec(8), legacy])
+    for read in (journal.scan, lambda path: list(journal.iter_records(path, accepts=lambda sha: True)),
+                 journal.errors_by_identity):
+        with pytest.raises(UserError, match=r"journal.jsonl:2: a record written before generation identities .*"
+                           r"`python scripts/migrate_journal.py --config CONFIG --dataset D`"):
+            read(q)
+    from budgetgen.migration import migrate_file
+
+    assert migrate_file(q, samples=1) == (1, 2)
+    (_, sha_8), (_, sha) = (journal.parse_line_fast(line)[:2] for line in q.read_text().splitlines())
+    assert sha_8 == rec(8)["identity"]  # a stamped record is copied as it was
     assert sha == legacy_identity(legacy).sha == Identity.of(
         {"model": "m", "max_tokens": 8, "temperature": 1.0, "turns": "last", "samples_per_prompt": 1}).sha
+    before = q.read_bytes()
+    assert migrate_file(q, samples=1) == (0, 2) and q.read_bytes() == before  # idempotent
 
 
 def test_one_reader_one_tolerance_policy(tmp_path):

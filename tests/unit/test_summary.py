@@ -4,6 +4,7 @@ import json
 
 from budgetgen.summary import COLUMNS, dataset_row, format_tsv
 from budgetgen.tokenization import TokenizeOptions, tokenize_file
+from support.records import stamped
 
 
 def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
@@ -14,7 +15,7 @@ def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
     recs = [{"id": f"p{i}", "messages": [long_user if i == 2 else {"role": "user", "content": f"q {i}"},
                                          {"role": "assistant", "content": "eight"}],
              "finish_reason": "stop", "params": {"model": "m"}, "usage": {"completion_tokens": 2}} for i in range(3)]
-    raw.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    raw.write_text("".join(json.dumps(stamped(r)) + "\n" for r in recs))
     out = tmp_path / "tokenized.arrow"
     tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tiny_tokenizer, max_length=256, max_skipped_pct=50), log=lambda m: None)
     row = dataset_row("D", str(raw), 100, str(prompts), str(tmp_path / "errors.jsonl"), str(out))

@@ -18,6 +18,7 @@ from budgetgen.tokenization import TokenizeOptions, format_summary, tokenize_fil
 from budgetgen.turn_format import chat_template_sha256, load_tokenizer
 from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
 from support import REPO
+from support.records import stamped
 
 SCRIPT = str(REPO / "scripts" / "tokenize_responses.py")
 
@@ -73,7 +74,7 @@ def rec(conv, finish="stop", kwargs=None, **extra):
     params = {"model": "m", "max_tokens": 64}
     if kwargs is not None:
         params["extra_body"] = {"chat_template_kwargs": kwargs}
-    return {"id": "x", "messages": conv, "finish_reason": finish, "params": params, **extra}
+    return stamped({"id": "x", "messages": conv, "finish_reason": finish, "params": params, **extra})
 
 
 CASES = [(t, multi, reasoning)
@@ -355,8 +356,8 @@ def test_truncation_and_no_supervised_tokens(toks):
 
 
 def record(i, conv, finish="stop"):
-    return {"id": f"p{i:03d}", "messages": conv, "finish_reason": finish, "params": {"temperature": 0.6},
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+    return stamped({"id": f"p{i:03d}", "messages": conv, "finish_reason": finish, "params": {"temperature": 0.6},
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
 
 
 def long_prompt_conv():
@@ -622,10 +623,10 @@ def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs
     src = tmp_path / "raw.jsonl"
     with open(src, "w") as f:
         for i, temp in enumerate([0.7, 0.7, 0.2]):
-            f.write(_json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": "hi"},
-                                                             {"role": "assistant", "content": "yo"}],
-                                 "params": {"model": "m", "temperature": temp}, "served_model": "m",
-                                 "usage": {"completion_tokens": 2}}) + "\n")
+            f.write(_json.dumps(stamped({"id": f"r{i}", "messages": [{"role": "user", "content": "hi"},
+                                                                     {"role": "assistant", "content": "yo"}],
+                                         "params": {"model": "m", "temperature": temp}, "served_model": "m",
+                                         "usage": {"completion_tokens": 2}})) + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(_UserError, match=r"2 different content settings"):
         _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64), log=lambda m: None)

@@ -2,14 +2,18 @@
 settings changes users make between runs (turn policy, history reasoning, temperature, samples per
 prompt, max_tokens) are refused before any request unless generation.on_settings_change says how; the
 rows, the budget and the provenance are those of the identity they were made under; the server is
-proved to work in the run that records errors; journals written before identities resume as they are."""
+proved to work in the run that records errors; journals written before identities are refused until
+scripts/migrate_journal.py stamps them, then resume as they are."""
 
 import json
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
 from datasets import Dataset
 
+from support import REPO
 from support.workflow import Workflow, base_config, planned_inference, server_stats, write_conversations
 
 pytestmark = pytest.mark.slow
@@ -164,9 +168,12 @@ def test_non_content_settings_never_change_the_identity(tmp_path, server, tiny_t
     assert json.loads(wf.path("results", "D", "inference.done").read_text())["tokens"] >= 80
 
 
-def test_a_journal_written_before_identities_resumes_without_regenerating(tmp_path, server, tiny_tokenizer):
-    """Upgrading regenerates nothing: records without an identity are the identity their params imply
-    (turns: all with 2 samples: the turns and history_reasoning in params, a sample field)."""
+def test_a_journal_written_before_identities_is_refused_then_migrated_and_resumes_without_regenerating(
+        tmp_path, server, tiny_tokenizer):
+    """Records without an identity are refused in one line naming scripts/migrate_journal.py, at -n and
+    in the run, before any request; the migration stamps each with the identity its params imply
+    (turns: all with 2 samples: the turns and history_reasoning in params, a sample field), a second
+    migration changes nothing, and the run then regenerates nothing: the same rows, identities, prompt ids."""
     srv = server("--mean-tokens", "8")
     wf = workflow(tmp_path, srv, tiny_tokenizer, n=2, turns="all", samples_per_prompt=2)
     wf.run("--cores", "2", "all")
@@ -183,6 +190,19 @@ def test_a_journal_written_before_identities_resumes_without_regenerating(tmp_pa
     for name in ("budget_status.json", "inference.done", "raw_responses.jsonl", "tokenized.arrow"):
         wf.path("results", "D", name).unlink()
     requests = server_stats(srv)["requests"]
+    line = ("journal.jsonl:1: a record written before generation identities (no \"identity\"): migrate the dataset's "
+            "journal once with `python scripts/migrate_journal.py --config CONFIG --dataset D`")
+    for args in (("-n", "all"), ("--cores", "2", "all")):
+        p = wf.run(*args, check=False)
+        assert p.returncode != 0 and line in p.output and "Traceback" not in p.output, p.output[-3000:]
+    assert server_stats(srv)["requests"] == requests
+    migrate = [sys.executable, str(REPO / "scripts" / "migrate_journal.py"), "--config", "config.yaml",
+               "--dataset", "D"]
+    out = subprocess.run(migrate, cwd=wf.dir, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"{len(legacy)} of {len(legacy)} records stamped" in out
+    migrated = journal.read_bytes()
+    out = subprocess.run(migrate, cwd=wf.dir, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "0 of" in out and "nothing to do" in out and journal.read_bytes() == migrated
     wf.run("--cores", "2", "all")
     assert server_stats(srv)["requests"] == requests
     after = rows(wf)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from budgetgen.inference import TERMINAL_LINE
+from budgetgen.progress import TERMINAL_LINE
 from support import REPO
 from support.workflow import Workflow, base_config, wait_for, write_prompts
 
