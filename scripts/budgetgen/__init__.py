@@ -8,9 +8,8 @@ One module per concern:
   settings     typed settings built once from the validated config (defaults only from the schema)
   configfile   the config file read outside Snakemake (load_config, --config FILE --dataset D)
   template_check  chat_template_kwargs against the target's chat template (keys it reads, cells that differ)
-  params       the request parameters that affect content, as journaled with every record
   migration    journals written before identities: refused in one line, stamped once (migrate_journal.py)
-  identity     the generation identity of every record, and what a settings change does to a journal
+  identity     every fingerprint (identity, layout, content key), the content keys, what a settings change does
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order

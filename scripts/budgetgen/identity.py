@@ -47,9 +47,34 @@ POLICIES = ("refuse", "regenerate", "extend")
 SHA_LEN = 16
 UNKNOWN_SAMPLES = "several (written before identities)"
 
+# The one list of content keys: settings that change what a dataset's data is (not how fast or how
+# robustly it is made). The generation identity is the part of them that shapes each generation
+# (settings_of); all of them are the inference rule's rerun trigger (settings.content_settings) and the
+# content key (content_key) recorded in tokenized.arrow. Tokenizer keys: those that change the rows
+# (processes only changes the speed; the forecast keys only the summary).
+CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
+                           "history_reasoning", "samples_per_prompt", "on_settings_change", "mixture", "validation")
+CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
+                          "trust_remote_code", "reasoning_tags", "max_skipped_pct")
+
 
 def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_params(model, max_tokens, temperature=None, top_p=None, extra_body=None):
+    """The request parameters that affect content, as journaled with every response and error (each
+    record's `params`): {"model", "max_tokens", "temperature"?, "top_p"?, "extra_body"?}, unset values
+    left out. A permanent error is tied to the parameters that produced it, so changing a content
+    setting (say a lower max_tokens after HTTP 400 "max_tokens too large") makes its prompt eligible again."""
+    p = {"model": model, "max_tokens": int(max_tokens)}
+    if temperature is not None:
+        p["temperature"] = temperature
+    if top_p is not None:
+        p["top_p"] = top_p
+    if extra_body:
+        p["extra_body"] = extra_body
+    return p
 
 
 def _request_settings(params):
@@ -65,7 +90,7 @@ def _request_settings(params):
 
 
 def settings_of(params, plan):
-    """The readable identity settings of the request `params` (budgetgen.params.request_params: model,
+    """The readable identity settings of the request `params` (request_params: model,
     max_tokens, temperature?, top_p?, extra_body?) under the generation `plan` (conversations.Plan)."""
     s = _request_settings(params)
     s["turns"] = plan.turns
@@ -76,7 +101,23 @@ def settings_of(params, plan):
 
 
 def sha_of(settings):
+    """The identity sha: the first 16 hex digits of the SHA-256 of the settings as canonical JSON."""
     return hashlib.sha256(_canonical(settings).encode()).hexdigest()[:SHA_LEN]
+
+
+def layout_sha(cells, validation_share, seed):
+    """The layout sha of a mixture: what its lanes' counts depend on besides the budget, the cells'
+    identities ((name, identity sha), ...) and the validation split (its share, and the seed that
+    draws it)."""
+    blob = {"cells": [[name, sha] for name, sha in cells], "validation_share": validation_share,
+            "seed": seed if validation_share > 0 else None}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:SHA_LEN]
+
+
+def content_key(content):
+    """The content key: the SHA-256 of a dataset's content settings (settings.content_settings) as
+    stable JSON (key order and number spelling do not matter), recorded in tokenized.arrow."""
+    return hashlib.sha256(json.dumps(content or {}, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -94,10 +135,6 @@ class Identity:
     @property
     def settings(self):
         return json.loads(self.settings_json)
-
-    def stamp(self):
-        """What every journal and error record stores."""
-        return {"identity": self.sha, "identity_settings": self.settings}
 
 
 def legacy_identity(record, configured_samples=1):
@@ -176,8 +213,9 @@ class Policy:
         return self.on_change == "extend" or sha in self.shas
 
     def key(self):
-        """What the status and the done marker record: counts made under another key are not trusted."""
-        return {"identity": self.layout or self.current.sha, "on_settings_change": self.on_change}
+        """What the status and the done marker record: counts made under another key are not trusted. The
+        identity (of the first cell) and, for a mixture, the layout sha of its lanes (layout_sha)."""
+        return {"identity": self.current.sha, "layout": self.layout, "on_settings_change": self.on_change}
 
     def cell_of(self, sha, named=None):
         """The cell a record of identity `sha` belongs to: the cell of that identity now; else (extend)

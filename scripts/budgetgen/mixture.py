@@ -26,15 +26,14 @@ is in two cells.
 """
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from . import conversations
+from .identity import layout_sha
 from .prompts import dispatch_order, stable_id
 
 DEFAULT_CELL = "default"
 TRAIN, VALIDATION = "train", "validation"
-CELL_KEYS = ("max_tokens", "temperature", "top_p", "extra_body", "turns", "history_reasoning", "samples_per_prompt")
 
 
 def merged_extra_body(base, override):
@@ -54,7 +53,7 @@ class Cell:
 
     name: str
     share: float
-    params: dict  # budgetgen.params.request_params (model, max_tokens, temperature?, top_p?, extra_body?)
+    params: dict  # budgetgen.identity.request_params (model, max_tokens, temperature?, top_p?, extra_body?)
     plan: conversations.Plan
     identity: object  # identity.Identity
 
@@ -135,9 +134,7 @@ class Mixture:
         """What the lanes' counts depend on besides the budget: the cells' identities and the split."""
         if self.plain:
             return None
-        blob = {"cells": [[c.name, c.identity.sha] for c in self.cells], "validation_share": self.validation_share,
-                "seed": self.seed if self.validation_share > 0 else None}
-        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+        return layout_sha([(c.name, c.identity.sha) for c in self.cells], self.validation_share, self.seed)
 
     def budgets(self):
         """{lane key: budget}."""

@@ -5,9 +5,8 @@ schema's defaults are filled in). Entry points get their settings from Snakemake
 or from `--config FILE --dataset D` (budgetgen.configfile), never from defaults of their own.
 
 - generation_setting(config, D, key): a dataset's own value, else the `generation` section's.
-- CONTENT_GENERATION_KEYS: the settings that change what a dataset's data is; they are the inference
-  rule's rerun trigger (content_settings), part of config_sha256, and, as request params, in every
-  journal record.
+- content_settings(config, D): the content keys' values (identity.CONTENT_GENERATION_KEYS: what changes a
+  dataset's data): the inference rule's rerun trigger, and their content key (config_sha256).
 - DatasetPaths: where one dataset's files live (relative to the working directory).
 - InferenceSettings.from_config(config, D): everything one inference job needs.
 """
@@ -17,18 +16,16 @@ from dataclasses import dataclass
 
 from . import engines
 from .conversations import Plan
-from .identity import Identity, Policy, settings_of
+from .identity import (
+    CONTENT_GENERATION_KEYS,
+    CONTENT_TOKENIZER_KEYS,
+    Identity,
+    Policy,
+    content_key,
+    request_params,
+    settings_of,
+)
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
-from .params import params_sha256, request_params
-
-# Settings that change what a dataset's data is (not how fast or how robustly it is made).
-# The generation identity (budgetgen.identity) is the part of them that shapes each generation.
-CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
-                           "history_reasoning", "samples_per_prompt", "on_settings_change", "mixture", "validation")
-# Tokenizer settings that change the rows (processes only changes the speed; the forecast keys only
-# the summary).
-CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
-                          "trust_remote_code", "reasoning_tags", "max_skipped_pct")
 
 
 def generation_setting(config, dataset, key):
@@ -120,8 +117,8 @@ def content_settings(config, dataset):
 
 
 def config_sha256(config, dataset):
-    """Hash of the dataset's content settings, recorded in its tokenized.arrow."""
-    return params_sha256(content_settings(config, dataset))  # the same stable JSON hash
+    """The content key of the dataset's content settings (identity.content_key), recorded in its tokenized.arrow."""
+    return content_key(content_settings(config, dataset))
 
 
 @dataclass(frozen=True)
@@ -237,10 +234,6 @@ class InferenceSettings:
     @property
     def identity(self):
         return self.policy.current
-
-    def request_params(self):
-        """The request parameters that affect content; recorded with every response and error."""
-        return request_params(self.model, self.max_tokens, self.temperature, self.top_p, self.extra_body)
 
     def load_prompts(self):
         """The dataset's prompts (prompts.PromptSet), less those of earlier datasets under

@@ -34,7 +34,8 @@ def test_a_dataset_without_a_mixture_is_one_cell_with_the_datasets_identity():
     mix = dataset_mixture(config(), "D")
     assert mix.plain and [c.name for c in mix.cells] == ["default"] and mix.layout_sha() is None
     assert mix.cells[0].identity == generation_identity(config(), "D")
-    assert settings_policy(config(), "D").key() == {"identity": mix.cells[0].identity.sha, "on_settings_change": "refuse"}
+    assert settings_policy(config(), "D").key() == {"identity": mix.cells[0].identity.sha, "layout": None,
+                                                  "on_settings_change": "refuse"}
 
 
 def test_cells_merge_their_overrides_over_the_datasets_settings():
@@ -101,3 +102,16 @@ def test_a_lane_under_two_max_tokens_is_warned_in_one_line_per_dataset():
     assert " think/validation" not in line and "think 6650" not in line
     assert small_lane_warning(config(mixture=cells, validation={"share": 0.2})) is None
     assert small_lane_warning(config(token_budget=150)) is None  # one lane: its budget is the user's to choose
+
+
+def test_a_mixture_key_names_its_identity_and_its_layout_apart():
+    """Policy.key(): the identity under `identity`, the mixture's lanes under `layout` (identity.layout_sha),
+    each its own fingerprint; a status of another layout is not trusted."""
+    from budgetgen.state import counted_under
+
+    cfg = config()
+    cfg["datasets"]["D"]["mixture"] = {"a": {"share": 0.5, "temperature": 0.1}, "b": {"share": 0.5}}
+    key = settings_policy(cfg, "D").key()
+    mix = dataset_mixture(cfg, "D")
+    assert key["identity"] == mix.cells[0].identity.sha and key["layout"] == mix.layout_sha() != key["identity"]
+    assert counted_under(dict(key), key) and not counted_under({**key, "layout": "0" * 16}, key)
