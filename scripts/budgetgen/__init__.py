@@ -16,7 +16,8 @@ One module per concern:
   prompts_check  every prompts file read at parse time: its first bad line, worker processes, a cache
   conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
-  journal      the append-only response journal and errors.jsonl: scan, torn-tail repair, lock, append
+  journal      the append-only response journal and errors.jsonl: the format, every reader, JournalFollower
+  journal_write  writing them: record, line, lock, writer, torn-tail repair (journal re-exports them)
   budget       completed-length model and the dispatch rule that stops at the token budget
   engines      engines as dialects: each released server's chat-stream fields, the only module naming them
   client       async httpx OpenAI chat client: streaming, retry classes, health check

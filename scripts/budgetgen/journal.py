@@ -19,15 +19,25 @@ the append of a large record leaves one), so the next record can never be glued 
 or not the caller scanned the file with repair=True before.
 """
 
-import errno
-import fcntl
 import json
 import os
 import re
-import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from .errors import UserError
+from .journal_write import (
+    JournalLock,
+    JournalWriter,
+    append_error,
+    encode_record,
+    repair_tail,
+    response_record,
+)
+
+__all__ = ["JournalLock", "JournalWriter", "append_error", "encode_record", "repair_tail", "response_record",
+           "whole_lines", "parse_line_fast", "parse_line", "scan", "iter_records", "records_by_id",
+           "errors_by_identity", "JournalFollower", "JournalState", "IdentityCount", "LaneCount"]
 
 _ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
@@ -71,35 +81,12 @@ class JournalState:
     id_lane: dict = field(default_factory=dict)  # counted id -> its lane key (scan(lane_of=))
 
 
-def repair_tail(path):
-    """Truncate a torn last line (a record cut by a crash); return the number of bytes dropped."""
+def decode_line(raw, path, lineno):
+    """A whole line's text; a line that is not UTF-8 is corruption from outside: `FILE:LINE: reason`."""
     try:
-        f = open(path, "r+b")
-    except FileNotFoundError:
-        return 0
-    with f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return 0
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # Walk back to the last newline in blocks; a torn record may be large.
-        pos, block = size, 1 << 16
-        keep = 0
-        while pos > 0:
-            start = max(0, pos - block)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                keep = start + i + 1
-                break
-            pos = start
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-        return size - keep
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}:{lineno}: corrupt journal record (not UTF-8 at byte {exc.start})") from None
 
 
 def whole_lines(path, strict_tail=False):
@@ -119,10 +106,7 @@ def whole_lines(path, strict_tail=False):
                 if strict_tail:
                     raise UserError(f"{path}:{lineno}: journal changed while being read")
                 return
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: corrupt journal record (not UTF-8 at byte {exc.start})") from None
+            line = decode_line(raw, path, lineno)
             if line.strip():
                 yield lineno, line
 
@@ -254,145 +238,87 @@ def errors_by_identity(errors_path):
     return found
 
 
-def response_record(gen_id, messages, result, identity, params, created, attempts, where=None):
-    """The journal record of one response (a client.ChatResult) to `messages`: the id and the identity
-    it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
-    conversation with the generated assistant turn appended, the request params, and its usage (last,
-    see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?})."""
-    assistant = {"role": "assistant", "content": result.content}
-    if result.reasoning:
-        assistant["reasoning_content"] = result.reasoning
-    rec = {"id": gen_id, "identity": identity.sha, **(where or {}), "messages": list(messages) + [assistant],
-           "finish_reason": result.finish_reason, "identity_settings": identity.settings, "params": params,
-           "served_model": result.model,
-           "created": round(created, 3), "latency_s": round(time.time() - created, 3), "attempts": attempts}
-    if result.prompt_token_ids:
-        rec["prompt_token_ids"] = result.prompt_token_ids
-    if result.token_ids:
-        rec["completion_token_ids"] = result.token_ids
-    rec["usage"] = result.usage
-    return rec
+@dataclass
+class JournalFollower:
+    """One journal read incrementally, read only (no lock, no writes: beside a run that appends to it).
 
+    Each refresh() reads only the bytes appended since the last one, up to the last whole line (a torn
+    tail is read once it is whole), and starts over when the file was replaced or shrank. Lines are
+    decoded and parsed as every reader does (decode_line, parse_line, the identity a record stores);
+    the first bad one stops the following and is kept as its one line in `problem`. Counts as scan():
+    every identity's records in `by_identity`, the ids, tokens and records of those `accepts` takes
+    (first of an id), and (completed at, tokens) of those in `recent` for rates."""
 
-def encode_record(rec):
-    """One journal line. `id` first, `identity` next (when the record has one) and `usage` last (see the
-    module docstring)."""
-    ordered = {"id": rec["id"]}
-    if "identity" in rec:
-        ordered["identity"] = rec["identity"]
-    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "identity", "usage"))
-    ordered["usage"] = rec.get("usage") or {}
-    return json.dumps(ordered, ensure_ascii=False) + "\n"
+    path: str
+    accepts: object = None  # identity.Policy.accepts
+    offset: int = 0
+    inode: int | None = None
+    tokens: int = 0
+    records: int = 0
+    ids: set = field(default_factory=set)
+    by_identity: dict = field(default_factory=dict)
+    recent: deque = field(default_factory=deque)  # (completed at, tokens) of the counted records
+    problem: str | None = None  # a whole line that does not parse: FILE:LINE: reason
+    lineno: int = 0
 
+    def reset(self):
+        self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
+        self.ids, self.by_identity, self.recent = set(), {}, deque()
 
-class JournalLock:
-    """An exclusive lock so two inference processes can never append to one journal."""
-
-    def __init__(self, journal_path):
-        self.path = os.fspath(journal_path) + ".lock"
-        self.fd = None
-
-    def acquire(self):
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    def refresh(self):
+        """Read what was appended since the last refresh; returns self."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UserError(
-                    f"{self.path}: another inference process (pid {holder}) is writing this journal"
-                ) from None
-            raise
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.reset()
+            self.inode = None
+            return self
+        if st.st_ino != self.inode or st.st_size < self.offset:  # replaced or cut: read it anew
+            self.reset()
+            self.inode = st.st_ino
+        if st.st_size == self.offset or self.problem:
+            return self
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:  # a full disk: one line, not a traceback
-            os.close(fd)
-            raise UserError(f"{self.path}: cannot write the lock file ({os.strerror(exc.errno)})") from None
-        self.fd = fd
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(st.st_size - self.offset)
+        except FileNotFoundError:
+            return self
+        whole = data[: data.rfind(b"\n") + 1]  # a torn tail waits until it is whole
+        for raw in whole.splitlines():
+            self.lineno += 1
+            if raw.strip():
+                try:
+                    self._count(decode_line(raw, self.path, self.lineno))
+                except UserError as exc:
+                    self.problem = str(exc)
+                    break
+        self.offset += len(whole)
         return self
 
-    def release(self):
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+    def _count(self, line):
+        from .identity import record_settings, record_sha
 
-    def __enter__(self):
-        return self.acquire()
+        where = f"{self.path}:{self.lineno}"
+        rid, tokens, rec = parse_line(line, where)
+        sha = record_sha(rec, where)
+        count = self.by_identity.get(sha)
+        if count is None:
+            count = self.by_identity[sha] = IdentityCount(settings=record_settings(rec))
+        count.records += 1
+        count.tokens += tokens
+        if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
+            return
+        self.ids.add(rid)
+        self.tokens += tokens
+        self.records += 1
+        self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens))
 
-    def __exit__(self, *exc):
-        self.release()
-
-
-class JournalWriter:
-    """Appends whole records: one write() of one line, flushed at once, fsynced every few seconds.
-
-    The file is opened O_APPEND so each record lands at the end even across processes, and
-    written with a single os.write of the encoded line: a crash leaves a record whole or torn at
-    the tail, never interleaved. Opening cuts a torn tail first (`repaired_bytes` says how many
-    bytes), so every record this writer appends starts a line of its own. The caller holds the
-    journal's lock (see the module docstring).
-    """
-
-    def __init__(self, path, fsync_interval_s=2.0):
-        self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        try:
-            self.repaired_bytes = repair_tail(self.path)
-        except OSError as exc:
-            raise UserError(f"{self.path}: cannot repair the torn tail ({os.strerror(exc.errno)})") from None
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.fsync_interval_s = fsync_interval_s
-        self._last_sync = time.monotonic()
-        self._dirty = False
-
-    def append(self, rec):
-        data = encode_record(rec).encode("utf-8")
-        try:
-            n = os.write(self.fd, data)
-            if n != len(data):  # short write (disk full): undo the partial tail now
-                raise OSError(errno.ENOSPC, "short write")
-        except OSError as exc:
-            try:  # a short write left a torn tail: cut it now, so the file ends on a whole record
-                repair_tail(self.path)
-            except OSError:
-                pass
-            raise UserError(f"{self.path}: cannot append to journal ({os.strerror(exc.errno)})") from None
-        self._dirty = True
-        if time.monotonic() - self._last_sync >= self.fsync_interval_s:
-            self.sync()
-
-    def sync(self):
-        if self._dirty:
-            try:
-                os.fsync(self.fd)
-            except OSError as exc:
-                raise UserError(f"{self.path}: cannot sync journal ({os.strerror(exc.errno)})") from None
-            self._dirty = False
-        self._last_sync = time.monotonic()
-
-    def close(self):
-        if self.fd is not None:
-            try:
-                self.sync()
-            finally:
-                os.close(self.fd)
-                self.fd = None
-
-
-def append_error(path, rec):
-    """Append one permanent error (non-transient 4xx) to errors.jsonl: the journal's machinery.
-
-    A JournalWriter: a torn tail (a kill during an earlier append) is cut before the record is
-    written, the record is one whole line, fsynced before this returns. Called under the journal's
-    lock; return the number of torn bytes dropped (0 almost always).
-    """
-    w = JournalWriter(path)
-    try:
-        w.append(rec)
-    finally:
-        w.close()
-    return w.repaired_bytes
+    def rates(self, now, window_s=60.0):
+        """(req/s, tok/s) over the last window_s seconds of completions."""
+        while self.recent and now - self.recent[0][0] > window_s:
+            self.recent.popleft()
+        if not self.recent:
+            return 0.0, 0.0
+        span = max(1.0, min(window_s, now - min(t for t, _ in self.recent)))
+        return len(self.recent) / span, sum(n for _, n in self.recent) / span

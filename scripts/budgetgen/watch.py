@@ -7,7 +7,7 @@ line (the tokens left of every dataset not finished, over the aggregate rate).
 Read only, never in the way of a run: it reads the journals, errors.jsonl, the status and the done
 markers, and nothing else; it takes no lock (neither Snakemake's nor the journal's) and writes nothing,
 so it works from another shell or a login node while a run holds Snakemake's lock. A journal is
-followed incrementally (`JournalFollower`): each refresh reads only the bytes appended since the last
+followed incrementally (`journal.JournalFollower`): each refresh reads only the bytes appended since the last
 one, up to the last whole line (a torn tail is read once it is whole), and starts over when the file
 was replaced or shrank. Records count under the generation identities that count now
 (budgetgen.identity), as every other reader counts them.
@@ -17,94 +17,12 @@ Rates come from the records themselves: a record's completion is its `created` +
 
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import conversations, journal, prompts, state
 from .errors import UserError
 
 WINDOW_S = 60.0
-
-
-@dataclass
-class JournalFollower:
-    """One journal read incrementally (see the module docstring)."""
-
-    path: str
-    accepts: object = None  # identity.Policy.accepts
-    offset: int = 0
-    inode: int | None = None
-    tokens: int = 0
-    records: int = 0
-    ids: set = field(default_factory=set)
-    by_identity: dict = field(default_factory=dict)
-    recent: deque = field(default_factory=deque)  # (completed at, tokens) of the counted records
-    problem: str | None = None  # a whole line that does not parse: FILE:LINE: reason
-    lineno: int = 0
-
-    def reset(self):
-        self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
-        self.ids, self.by_identity, self.recent = set(), {}, deque()
-
-    def refresh(self):
-        """Read what was appended since the last refresh; returns self."""
-        from .identity import record_settings, record_sha
-
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self.reset()
-            self.inode = None
-            return self
-        if st.st_ino != self.inode or st.st_size < self.offset:  # replaced or cut: read it anew
-            self.reset()
-            self.inode = st.st_ino
-        if st.st_size == self.offset or self.problem:
-            return self
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(st.st_size - self.offset)
-        except FileNotFoundError:
-            return self
-        whole = data[: data.rfind(b"\n") + 1]  # a torn tail waits until it is whole
-        for raw in whole.splitlines():
-            self.lineno += 1
-            if not raw.strip():
-                continue
-            try:
-                rid, tokens, rec = journal.parse_line(raw.decode("utf-8"), f"{self.path}:{self.lineno}")
-            except (UserError, UnicodeDecodeError) as exc:
-                self.problem = str(exc) if isinstance(exc, UserError) else f"{self.path}:{self.lineno}: not UTF-8"
-                break
-            try:
-                sha = record_sha(rec, f"{self.path}:{self.lineno}")
-            except UserError as exc:
-                self.problem = str(exc)
-                break
-            count = self.by_identity.get(sha)
-            if count is None:
-                count = self.by_identity[sha] = journal.IdentityCount(settings=record_settings(rec))
-            count.records += 1
-            count.tokens += tokens
-            if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
-                continue
-            self.ids.add(rid)
-            self.tokens += tokens
-            self.records += 1
-            done_at = float(rec.get("created") or 0) + float(rec.get("latency_s") or 0)
-            self.recent.append((done_at, tokens))
-        self.offset += len(whole)
-        return self
-
-    def rates(self, now):
-        """(req/s, tok/s) over the last WINDOW_S seconds of completions."""
-        while self.recent and now - self.recent[0][0] > WINDOW_S:
-            self.recent.popleft()
-        if not self.recent:
-            return 0.0, 0.0
-        span = max(1.0, min(WINDOW_S, now - min(t for t, _ in self.recent)))
-        return len(self.recent) / span, sum(n for _, n in self.recent) / span
 
 
 @dataclass
@@ -138,7 +56,7 @@ class Watcher:
         from .settings import InferenceSettings
 
         self.settings = [InferenceSettings.from_config(config, ds) for ds in sorted(config["datasets"])]
-        self.followers = {s.dataset: JournalFollower(s.paths.journal, s.policy.accepts)
+        self.followers = {s.dataset: journal.JournalFollower(s.paths.journal, s.policy.accepts)
                           for s in self.settings}
         self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)
 
@@ -174,7 +92,7 @@ class Watcher:
             st = state.PARTIAL
         errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors).items()
                                 if s.policy.accepts(sha)))
-        req_s, tok_s = f.rates(now)
+        req_s, tok_s = f.rates(now, WINDOW_S)
         left = s.budget - f.tokens
         eta = 0.0 if left <= 0 or st in (state.MET, state.EXHAUSTED) else (left / tok_s if tok_s > 0 else None)
         return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,

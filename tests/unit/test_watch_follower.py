@@ -1,11 +1,12 @@
-"""budgetgen.watch.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
+"""budgetgen.journal.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
 file replaced or cut under it, records of other generation identities; rates from the records; the plain-text table (format_plain) for a pipe."""
 
 import os
 import re
 
 from budgetgen import journal, state
-from budgetgen.watch import DatasetView, JournalFollower, format_plain, total
+from budgetgen.journal import JournalFollower
+from budgetgen.watch import DatasetView, format_plain, total
 
 
 def rec(i, tokens, done_at, identity="a"):
