@@ -42,6 +42,7 @@ from budgetgen.configfile import load_config
 from budgetgen.fsutil import write_json_atomic
 from budgetgen.settings import InferenceSettings
 from budgetgen.status import compute_status
+from budgetgen_testkit.records import stamped
 
 GOAL_S = 10.0
 BUDGET = 2000
@@ -83,12 +84,12 @@ def write_journal(d, name, tokens):
     w = journal.JournalWriter(res / "journal.jsonl", fsync_interval_s=3600)
     per = 100
     for j in range(tokens // per):
-        w.append({"id": f"{name}-{j}",
+        w.append(stamped({"id": f"{name}-{j}",
                   "messages": [{"role": "user", "content": f"question {j}"},
                                {"role": "assistant", "content": "answer " * per}],
                   "finish_reason": "stop", "params": {"model": "mock-model", "max_tokens": 256},
                   "served_model": "mock-model", "created": 0.0, "latency_s": 1.0, "attempts": 1,
-                  "usage": {"prompt_tokens": 5, "completion_tokens": per, "total_tokens": per + 5}})
+                  "usage": {"prompt_tokens": 5, "completion_tokens": per, "total_tokens": per + 5}}))
     w.close()
     here = os.getcwd()
     os.chdir(d)  # the config's paths are relative to the working directory

@@ -29,6 +29,7 @@ import time
 import common
 
 from budgetgen import journal
+from budgetgen_testkit.records import stamped
 
 GOAL_RATIO, GOAL_MB = 1.0, 200
 METHODS = ("budgetgen", "json.loads")
@@ -54,7 +55,7 @@ def generate(path, n, record_bytes=4000, seed=0):
             reasoning = pool[start + 400:start + 400 + reasoning_len]
             content = pool[start + 400 + reasoning_len:start + body]
             tokens = len(reasoning + content) // 4
-            line = journal.encode_record({
+            line = journal.encode_record(stamped({
                 "id": rid,
                 "messages": [{"role": "user", "content": prompt},
                              {"role": "assistant", "content": content, "reasoning_content": reasoning}],
@@ -66,7 +67,7 @@ def generate(path, n, record_bytes=4000, seed=0):
                 "attempts": 1,
                 "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": tokens,
                           "total_tokens": len(prompt) // 4 + tokens},
-            })
+            }))
             f.write(line)
             size += len(line.encode("utf-8"))
     return size

@@ -82,6 +82,8 @@ def text(rng, n):
 
 
 def generate(path, n, seed=0):
+    from budgetgen_testkit.records import stamped
+
     rng = random.Random(seed)
     with open(path, "w") as f:
         for i in range(n):
@@ -93,10 +95,10 @@ def generate(path, n, seed=0):
             if rng.random() < 0.5:
                 answer["reasoning_content"] = text(rng, rng.randint(40, 200))
             messages.append(answer)
-            f.write(json.dumps({"id": f"r{i}", "messages": messages, "finish_reason": "stop",
+            f.write(json.dumps(stamped({"id": f"r{i}", "messages": messages, "finish_reason": "stop",
                                 "params": {"model": "bench-model", "max_tokens": 4096},
                                 "served_model": "bench-model", "created": 0.0, "latency_s": 1.0,
-                                "attempts": 1, "usage": {"completion_tokens": 0}}) + "\n")
+                                "attempts": 1, "usage": {"completion_tokens": 0}})) + "\n")
 
 
 def cpu_seconds():

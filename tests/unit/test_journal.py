@@ -6,7 +6,7 @@ import pytest
 
 from budgetgen import journal
 from budgetgen.errors import UserError
-from support.records import stamped
+from budgetgen_testkit.records import stamped
 
 
 def rec(i, tokens=10, content="text"):

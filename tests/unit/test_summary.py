@@ -4,7 +4,7 @@ import json
 
 from budgetgen.summary import COLUMNS, dataset_row, format_tsv
 from budgetgen.tokenization import TokenizeOptions, tokenize_file
-from support.records import stamped
+from budgetgen_testkit.records import stamped
 
 
 def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):

@@ -16,9 +16,9 @@ from budgetgen.errors import UserError
 from budgetgen.rows import NO_SUPERVISED_TOKENS, REASONING_DELIMITERS_UNKNOWN, TEMPLATE_ERROR, encode_batch
 from budgetgen.tokenization import TokenizeOptions, format_summary, tokenize_file
 from budgetgen.turn_format import chat_template_sha256, load_tokenizer
+from budgetgen_testkit.records import stamped
 from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
 from support import REPO
-from support.records import stamped
 
 SCRIPT = str(REPO / "scripts" / "tokenize_responses.py")
 

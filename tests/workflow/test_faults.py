@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from budgetgen_testkit.records import stamped
 from support.jobs import job_cmd
 from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
 
@@ -296,9 +297,9 @@ def test_disk_full_every_writer_fails_in_one_line_naming_its_file(tmp_path, tiny
 
     d = small_fs(tmp_path / "results" / "F", "256k")  # the inference job's files: results/F under tmp_path
     write_prompts(tmp_path / "prompts.jsonl", 5)
-    rec = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],
-           "finish_reason": "stop", "params": {"model": "m", "max_tokens": 8}, "served_model": "m",
-           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    rec = stamped({"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}],
+                   "finish_reason": "stop", "params": {"model": "m", "max_tokens": 8}, "served_model": "m",
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
     (d / "journal.jsonl").write_text(json.dumps(rec) + "\n")
     (d / "raw_responses.jsonl").write_text(json.dumps(rec) + "\n")
     fill(d, 0)

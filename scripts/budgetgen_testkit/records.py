@@ -1,4 +1,4 @@
-"""Journal records as budgetgen writes them, for tests that build record files by hand."""
+"""Journal records as budgetgen writes them, for tests and benchmarks that build record files by hand."""
 
 from budgetgen.identity import legacy_identity
 
