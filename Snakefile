@@ -56,8 +56,8 @@ onerror:
 rule all:
     default_target: True
     input:
-        expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
-        expand("results/{dataset}/validation.arrow", dataset=VALIDATION_DATASETS),
-        expand("results/{dataset}/budget_status.json", dataset=DATASETS),
+        expand(path_of("tokenized"), dataset=DATASETS),
+        expand(path_of("validation"), dataset=VALIDATION_DATASETS),
+        expand(path_of("status"), dataset=DATASETS),
         "results/summary.tsv",
         expand(rules.plots.output, dataset=DATASETS),

@@ -8,7 +8,6 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 from budgetgen import cluster, configcheck, failures, settings, state, status  # noqa: E402
-from budgetgen.turn_format import tokenizer_sha256  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 # datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow
@@ -42,6 +41,13 @@ def paths(dataset):
     return settings.DatasetPaths.of(config, dataset)
 
 
+def path_of(name):
+    """A dataset file's pattern, e.g. results/{dataset}/raw_responses.jsonl: written once, in
+    budgetgen.settings.DatasetPaths.PATTERNS; a rule names its inputs and outputs by these fields, and
+    its script receives them (--path NAME=FILE) instead of finding them itself."""
+    return settings.DatasetPaths.PATTERNS[name]
+
+
 def source_config(dataset):
     """datasets.D.source (a `datasets` source), or None for a plain prompts file."""
     return config["datasets"][dataset].get("source")
@@ -59,9 +65,10 @@ def imported_prompts(wildcards):
     return [ancient(prompts_path(wildcards.dataset))]
 
 
-def content_generation(dataset):
-    """The inference rule's rerun trigger: the content generation settings (budget included)."""
-    return json.dumps(settings.content_settings(config, dataset)["generation"], sort_keys=True)
+def rerun_trigger(dataset, stage):
+    """A rule's one rerun param: what, when it changes, makes the stage's output another one
+    (budgetgen.settings.rerun_trigger)."""
+    return json.dumps(settings.rerun_trigger(config, dataset, stage), sort_keys=True)
 
 
 def policy(dataset):

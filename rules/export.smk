@@ -5,8 +5,8 @@
 
 rule export_dataset:
     input:
-        raw="results/{dataset}/raw_responses.jsonl",
-        tokenized="results/{dataset}/tokenized.arrow",
+        raw=path_of("raw_responses"),
+        tokenized=path_of("tokenized"),
     output:
         specforge="results/{dataset}/export/specforge.jsonl",
         pretokenized="results/{dataset}/export/pretokenized.jsonl",
@@ -25,8 +25,8 @@ rule export_dataset:
 
 use rule export_dataset as export_validation with:
     input:
-        raw="results/{dataset}/raw_responses.jsonl",
-        tokenized="results/{dataset}/validation.arrow",
+        raw=path_of("raw_responses"),
+        tokenized=path_of("validation"),
     output:
         specforge="results/{dataset}/export/validation/specforge.jsonl",
         pretokenized="results/{dataset}/export/validation/pretokenized.jsonl",

@@ -6,7 +6,7 @@ rule finalize:
     input:
         raw_responses_input,
     output:
-        "results/{dataset}/raw_responses.jsonl",
+        raw_responses=path_of("raw_responses"),
     log:
         "logs/finalize/{dataset}.log",
     benchmark:
@@ -14,8 +14,8 @@ rule finalize:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        # rerun trigger: which records belong in it (the generation identity now, on_settings_change);
-        # the job reads its settings from the config (budgetgen.settings)
-        identity=lambda wc: json.dumps(policy(wc.dataset).key(), sort_keys=True),
+        # the one rerun trigger: which records belong in it (the generation identity now,
+        # on_settings_change); the job reads its settings from the config, its files from the rule
+        rerun=lambda wc: rerun_trigger(wc.dataset, "finalize"),
     script:
         "../scripts/finalize.py"

@@ -9,11 +9,11 @@ rule inference:
         prompts=lambda wc: prompts_path(wc.dataset),
         # ordering only: the status exists before any journal; ancient() so a rewritten status
         # never reruns inference by its newer mtime
-        status=ancient("results/{dataset}/budget_status.json"),
+        status=ancient(path_of("status")),
         # generation.dedup_across_datasets: the earlier datasets' prompts (imported first)
         earlier=earlier_prompts,
     output:
-        done="results/{dataset}/inference.done",
+        done=path_of("done"),
     log:
         # this run's lines (Snakemake empties a declared log before each job)
         "logs/inference/{dataset}.last.log",
@@ -32,17 +32,12 @@ rule inference:
         # in-flight requests; cap the total over concurrent jobs with --resources server_slots=N
         server_slots=lambda wc: generation_setting(wc.dataset, "concurrency"),
     params:
-        # the rerun trigger: content settings (budget, max_tokens, temperature, top_p, seed, extra_body;
-        # budgetgen.settings.CONTENT_GENERATION_KEYS); the job reads every setting from the config
-        content=lambda wc: content_generation(wc.dataset),
-        on_bad_line=lambda wc: generation_setting(wc.dataset, "on_bad_line"),
-        model=config["server"]["model"],
-        budget=lambda wc: token_budget(wc.dataset),
-        journal=lambda wc: paths(wc.dataset).journal,
+        # the one rerun trigger: the content settings (budgetgen.identity.CONTENT_GENERATION_KEYS), the
+        # model, on_bad_line; the job reads every setting from the config, its files from the rule
+        rerun=lambda wc: rerun_trigger(wc.dataset, "inference"),
         # every run's lines, appended after a separator: a killed run's lines are kept
         log_history=lambda wc: paths(wc.dataset).inference_log,
     message:
-        "inference {wildcards.dataset}: generating up to a budget of {params.budget} completion tokens "
-        "(resumes from {params.journal})"
+        "inference {wildcards.dataset}: generating up to its token budget (resumes from its journal)"
     script:
         "../scripts/run_inference.py"

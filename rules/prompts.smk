@@ -6,7 +6,7 @@ rule import_prompts:
     input:
         source=lambda wc: source_config(wc.dataset)["path"],
     output:
-        "results/{dataset}/prompts.jsonl",
+        path_of("imported_prompts"),
     log:
         "logs/import_prompts/{dataset}.log",
     benchmark:

@@ -4,7 +4,7 @@
 
 rule plots:
     input:
-        raw="results/{dataset}/raw_responses.jsonl",
+        raw=path_of("raw_responses"),
         prompts=lambda wc: prompts_path(wc.dataset),
     output:
         budget=report(

@@ -12,7 +12,7 @@ checkpoint budget_status:
         # generation.dedup_across_datasets: the earlier datasets' prompts (imported first)
         earlier_prompts,
     output:
-        "results/{dataset}/budget_status.json",
+        status=path_of("status"),
     log:
         "logs/budget_status/{dataset}.log",
     benchmark:

@@ -3,9 +3,9 @@
 
 rule summary:
     input:
-        raw=expand("results/{dataset}/raw_responses.jsonl", dataset=DATASETS),
-        tokenized=expand("results/{dataset}/tokenized.arrow", dataset=DATASETS),
-        validation=expand("results/{dataset}/validation.arrow", dataset=VALIDATION_DATASETS),
+        raw=expand(path_of("raw_responses"), dataset=DATASETS),
+        tokenized=expand(path_of("tokenized"), dataset=DATASETS),
+        validation=expand(path_of("validation"), dataset=VALIDATION_DATASETS),
     output:
         report("results/summary.tsv", caption="../report/summary.rst", category="Summary"),
     log:
@@ -17,8 +17,8 @@ rule summary:
     conda:
         "../envs/budgetgen.yaml"
     params:
-        # rerun triggers: the job reads its settings from the config (budgetgen.settings)
-        budgets=[lane_budgets(ds) for ds in DATASETS],
-        identities=[json.dumps(policy(ds).key(), sort_keys=True) for ds in DATASETS],
+        # the one rerun trigger: every dataset's budget lines and policy key; the job reads its settings
+        # from the config (budgetgen.settings)
+        rerun=json.dumps({ds: [lane_budgets(ds), policy(ds).key()] for ds in DATASETS}, sort_keys=True),
     script:
         "../scripts/summarize.py"

@@ -4,9 +4,9 @@
 
 rule tokenize:
     input:
-        "results/{dataset}/raw_responses.jsonl",
+        raw_responses=path_of("raw_responses"),
     output:
-        "results/{dataset}/tokenized.arrow",
+        tokenized=path_of("tokenized"),
     log:
         "logs/tokenize/{dataset}.log",
     benchmark:
@@ -16,24 +16,20 @@ rule tokenize:
     threads: config["tokenizer"]["processes"]
     params:
         split="train",
-        # rerun triggers: the job reads its settings from the config (budgetgen.settings)
-        content=lambda wc: settings.config_sha256(config, wc.dataset),
-        # the tokenizer's files (vocab, template): editing them in place reruns tokenize too
-        tokenizer_sha256=tokenizer_sha256(config["tokenizer"]["path"]),
-        chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
+        # the one rerun trigger: the content key, the tokenizer's files (an edit in place reruns tokenize),
+        # the template switches; the job reads its settings from the config, its files from the rule
+        rerun=lambda wc: rerun_trigger(wc.dataset, "tokenize"),
     script:
         "../scripts/tokenize_responses.py"
 
 
 use rule tokenize as tokenize_validation with:
     output:
-        "results/{dataset}/validation.arrow",
+        validation=path_of("validation"),
     log:
         "logs/tokenize/{dataset}.validation.log",
     benchmark:
         "benchmarks/tokenize/{dataset}.validation.tsv"
     params:
         split="validation",
-        content=lambda wc: settings.config_sha256(config, wc.dataset),
-        tokenizer_sha256=tokenizer_sha256(config["tokenizer"]["path"]),
-        chat_template_kwargs=lambda wc: json.dumps(chat_template_kwargs(wc.dataset), sort_keys=True),
+        rerun=lambda wc: rerun_trigger(wc.dataset, "tokenize"),

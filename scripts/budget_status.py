@@ -9,7 +9,7 @@ time, so the budget is deliberately not an input here.
 
 import argparse
 
-from budgetgen.configfile import add_dataset_arguments, dataset_config
+from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import write_json_atomic
 from budgetgen.settings import InferenceSettings
@@ -21,7 +21,7 @@ def main(argv=None, config=None):
     add_dataset_arguments(ap)
     a = ap.parse_args(argv)
     config = dataset_config(a, config)
-    s = InferenceSettings.from_config(config, a.dataset)
+    s = InferenceSettings.from_config(config, a.dataset, files=declared_files(a))
     status = compute_status(s)
     write_json_atomic(s.paths.status, status)
     print(f"{a.dataset}: {status['tokens']} tokens in {status['responses']} responses, "
@@ -34,7 +34,8 @@ def argv_from_snakemake(smk):
     """Checkpoint `budget_status`: the dataset; the config is Snakemake's own. The identity comes from
     the config, not a param: a settings change never reruns the checkpoint (the status records what it
     counted under, and budgetgen.state does not trust it under other settings)."""
-    return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset]
+    return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset,
+            *snakemake_paths(smk.input, smk.output)]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ file).
 import argparse
 
 from budgetgen import journal
-from budgetgen.configfile import add_dataset_arguments, dataset_config
+from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.identity import record_sha
@@ -23,7 +23,7 @@ def main(argv=None, config=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataset_arguments(ap)
     a = ap.parse_args(argv)
-    s = InferenceSettings.from_config(dataset_config(a, config), a.dataset)
+    s = InferenceSettings.from_config(dataset_config(a, config), a.dataset, files=declared_files(a))
     mix = s.mixture
     place = mix.placer(s.policy, s.load_prompts().prompts if mix.validation_share > 0 else None)
     tokens = count = 0
@@ -42,8 +42,9 @@ def main(argv=None, config=None):
 
 
 def argv_from_snakemake(smk):
-    """Rule `finalize`: the dataset; the config is Snakemake's own."""
-    return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset]
+    """Rule `finalize`: the dataset and its declared files; the config is Snakemake's own."""
+    return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset,
+            *snakemake_paths(smk.input, smk.output)]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Every other reader refuses such records in one line naming this command.
 
 import argparse
 
-from budgetgen.configfile import add_dataset_arguments, dataset_config
+from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files
 from budgetgen.errors import run_main
 from budgetgen.migration import migrate_dataset
 from budgetgen.settings import InferenceSettings
@@ -22,7 +22,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataset_arguments(ap)
     a = ap.parse_args(argv)
-    s = InferenceSettings.from_config(dataset_config(a), a.dataset)
+    s = InferenceSettings.from_config(dataset_config(a), a.dataset, files=declared_files(a))
     for path, (stamped, records) in migrate_dataset(s.paths, s.plan.samples).items():
         print(f"{path}: {stamped} of {records} records stamped with their identity"
               + ("" if stamped else " (nothing to do)"))

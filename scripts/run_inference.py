@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from budgetgen.configfile import add_dataset_arguments, dataset_config
+from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
 from budgetgen.errors import entry_point
 from budgetgen.inference import run
 from budgetgen.settings import InferenceSettings, generation_setting
@@ -43,7 +43,7 @@ def main(argv=None, config=None):
     a = parse_args(argv)
     setup_logging()
     config = dataset_config(a, config)
-    settings = InferenceSettings.from_config(config, a.dataset, slots=a.server_slots)
+    settings = InferenceSettings.from_config(config, a.dataset, slots=a.server_slots, files=declared_files(a))
     configured = int(generation_setting(config, a.dataset, "concurrency"))
     if settings.concurrency < configured:
         logging.getLogger("budgetgen.inference").info(
@@ -56,7 +56,7 @@ def main(argv=None, config=None):
 def argv_from_snakemake(smk):
     """Rule `inference`: the dataset and the slots Snakemake granted; the config is Snakemake's own."""
     return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset,
-            "--server-slots", smk.resources.server_slots]
+            "--server-slots", smk.resources.server_slots, *snakemake_paths(smk.input, smk.output)]
 
 
 if __name__ == "__main__":

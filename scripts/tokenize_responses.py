@@ -12,7 +12,7 @@ Named so as not to shadow the stdlib `tokenize` module.
 
 import argparse
 
-from budgetgen.configfile import add_dataset_arguments, dataset_config
+from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
 from budgetgen.errors import UserError, entry_point
 from budgetgen.settings import TokenizeSettings
 
@@ -33,7 +33,7 @@ def main(argv=None, config=None):
     config = dataset_config(a, config)
     if a.processes is not None and a.processes < 1:
         raise UserError(f"--processes must be at least 1, got {a.processes}")
-    s = TokenizeSettings.from_config(config, a.dataset, processes=a.processes)
+    s = TokenizeSettings.from_config(config, a.dataset, processes=a.processes, files=declared_files(a))
     from budgetgen.tokenization import tokenize_file
 
     if a.split == "validation" and not s.validation:
@@ -47,7 +47,7 @@ def argv_from_snakemake(smk):
     """Rules `tokenize` and `tokenize_validation`: the dataset, the split and the threads Snakemake granted;
     the config is Snakemake's own."""
     return ["--config", "(the config Snakemake loaded)", "--dataset", smk.wildcards.dataset,
-            "--processes", smk.threads, "--split", smk.params.split]
+            "--processes", smk.threads, "--split", smk.params.split, *snakemake_paths(smk.input, smk.output)]
 
 
 if __name__ == "__main__":

@@ -33,12 +33,42 @@ def load_config(path):
 
 
 def add_dataset_arguments(ap):
-    """--config FILE --dataset D [-d DIR]: how an entry point names its dataset's settings."""
+    """--config FILE --dataset D [-d DIR] [--path NAME=FILE ...]: how an entry point names its dataset's
+    settings, and the files a rule declared for it (settings.DatasetPaths.with_files)."""
     ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
     ap.add_argument("--dataset", required=True, help="a dataset of the config")
+    ap.add_argument("--path", action="append", default=[], metavar="NAME=FILE",
+                    help="a file of the dataset in another place than settings.DatasetPaths says (a rule passes "
+                         "its declared inputs and outputs so), e.g. --path raw_responses=out.jsonl; repeatable")
     ap.add_argument("--directory", "-d", default=None,
                     help="working directory: the config's paths (results/D/..., prompts) are relative to it, as with "
                          "snakemake -d (default: the current directory)")
+
+
+def declared_files(args):
+    """{name: file} of the --path NAME=FILE arguments."""
+    files = {}
+    for item in args.path:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--path {item}: give NAME=FILE")
+        files[name] = path
+    return files
+
+
+def snakemake_paths(*named):
+    """The `--path NAME=FILE` argv of a rule's named inputs and outputs (snakemake's Namedlists) that are
+    files of a dataset (settings.DatasetPaths' fields): the files the script reads and writes are the
+    rule's declared ones."""
+    from .settings import DatasetPaths
+
+    fields = set(DatasetPaths.__dataclass_fields__) - {"dataset"}
+    argv = []
+    for files in named:
+        for name, path in files.items():
+            if name in fields and isinstance(path, str):
+                argv += ["--path", f"{name}={path}"]
+    return argv
 
 
 def dataset_config(args, config=None):

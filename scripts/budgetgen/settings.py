@@ -116,6 +116,24 @@ def content_settings(config, dataset):
     }
 
 
+def rerun_trigger(config, dataset, stage):
+    """What makes a stage's output another one when it changes: its rule's one rerun param
+    (rules/common.smk). inference: the content generation settings, the model and on_bad_line; finalize:
+    which records count (the policy key); tokenize: the content key, the tokenizer's files and the
+    template switches."""
+    if stage == "inference":
+        return {"generation": content_settings(config, dataset)["generation"], "model": config["server"]["model"],
+                "on_bad_line": generation_setting(config, dataset, "on_bad_line")}
+    if stage == "finalize":
+        return settings_policy(config, dataset).key()
+    if stage == "tokenize":
+        from .turn_format import tokenizer_sha256
+
+        return {"content": config_sha256(config, dataset), "tokenizer_sha256": tokenizer_sha256(config["tokenizer"]["path"]),
+                "chat_template_kwargs": chat_template_kwargs(config, dataset)}
+    raise ValueError(stage)
+
+
 def config_sha256(config, dataset):
     """The content key of the dataset's content settings (identity.content_key), recorded in its tokenized.arrow."""
     return content_key(content_settings(config, dataset))
@@ -138,16 +156,37 @@ class DatasetPaths:
     inference_log: str
     server_log: str
 
+    # Where each file lives, written once: the rules take their patterns from here (rules/common.smk
+    # `path_of`), the scripts their paths (of()), and a rule hands its declared files to its script
+    # (`--path NAME=FILE`, with_files()).
+    PATTERNS = {
+        "imported_prompts": "results/{dataset}/prompts.jsonl",  # a `source` dataset's import
+        "journal": "results/{dataset}/journal.jsonl", "errors": "results/{dataset}/errors.jsonl",
+        "status": "results/{dataset}/budget_status.json", "done": "results/{dataset}/inference.done",
+        "raw_responses": "results/{dataset}/raw_responses.jsonl", "tokenized": "results/{dataset}/tokenized.arrow",
+        "validation": "results/{dataset}/validation.arrow",
+        "inference_log": "logs/inference/{dataset}.log", "server_log": "logs/server/{dataset}.log",
+    }
+
     @classmethod
     def of(cls, config, dataset):
         own = config["datasets"][dataset]
-        base = f"results/{dataset}"
-        prompts = f"{base}/prompts.jsonl" if own.get("source") is not None else own["prompts"]
-        return cls(dataset=dataset, prompts=prompts, journal=f"{base}/journal.jsonl", errors=f"{base}/errors.jsonl",
-                   status=f"{base}/budget_status.json", done=f"{base}/inference.done",
-                   raw_responses=f"{base}/raw_responses.jsonl", tokenized=f"{base}/tokenized.arrow",
-                   validation=f"{base}/validation.arrow",
-                   inference_log=f"logs/inference/{dataset}.log", server_log=f"logs/server/{dataset}.log")
+        at = {k: v.format(dataset=dataset) for k, v in cls.PATTERNS.items()}
+        prompts = at.pop("imported_prompts") if own.get("source") is not None else own["prompts"]
+        at.pop("imported_prompts", None)
+        return cls(dataset=dataset, prompts=prompts, **at)
+
+    def with_files(self, files):
+        """These paths with a rule's declared files instead ({field: path}: `--path NAME=FILE`)."""
+        unknown = sorted(set(files) - set(self.__dataclass_fields__) - {"dataset"})
+        if unknown:
+            from .errors import UserError
+
+            raise UserError(f"--path {unknown[0]}=...: not a file of a dataset "
+                            f"({', '.join(f for f in self.__dataclass_fields__ if f != 'dataset')})")
+        from dataclasses import replace
+
+        return replace(self, **files)
 
     def finished_outputs(self):
         """What says "this dataset is finished" downstream of the journal: the done marker, the files
@@ -197,9 +236,10 @@ class InferenceSettings:
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
 
     @classmethod
-    def from_config(cls, config, dataset, slots=None):
+    def from_config(cls, config, dataset, slots=None, files=None):
         """slots: the server_slots Snakemake granted the job; in flight = the lower of it and the
-        dataset's concurrency (the job says so when it is lower)."""
+        dataset's concurrency (the job says so when it is lower). files: the rule's declared files
+        ({DatasetPaths field: path}), where they differ from DatasetPaths.of's."""
         server = config["server"]
         g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
         urls = server.get("base_url") or []
@@ -209,7 +249,7 @@ class InferenceSettings:
             concurrency = min(concurrency, int(slots))
         mix = dataset_mixture(config, dataset)
         return cls(
-            paths=DatasetPaths.of(config, dataset), budget=token_budget(config, dataset),
+            paths=DatasetPaths.of(config, dataset).with_files(files or {}), budget=token_budget(config, dataset),
             urls=tuple([urls] if isinstance(urls, str) else urls), model=server["model"],
             api_key_env=server.get("api_key_env"), max_tokens=int(g("max_tokens")), concurrency=concurrency,
             temperature=g("temperature"), top_p=g("top_p"), seed=int(g("seed")), extra_body=dict(g("extra_body") or {}),
@@ -275,11 +315,11 @@ class TokenizeSettings:
     validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
 
     @classmethod
-    def from_config(cls, config, dataset, processes=None):
+    def from_config(cls, config, dataset, processes=None, files=None):
         """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
         t = config["tokenizer"]
         return cls(
-            paths=DatasetPaths.of(config, dataset), tokenizer=t["path"], max_length=int(t["max_length"]),
+            paths=DatasetPaths.of(config, dataset).with_files(files or {}), tokenizer=t["path"], max_length=int(t["max_length"]),
             processes=int(processes if processes is not None else t["processes"]),
             allow_mixed_settings=bool(t["allow_mixed_settings"]), use_server_token_ids=bool(t["use_server_token_ids"]),
             trust_remote_code=bool(t["trust_remote_code"]),

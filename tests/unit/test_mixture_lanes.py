@@ -115,3 +115,15 @@ def test_a_mixture_key_names_its_identity_and_its_layout_apart():
     mix = dataset_mixture(cfg, "D")
     assert key["identity"] == mix.cells[0].identity.sha and key["layout"] == mix.layout_sha() != key["identity"]
     assert counted_under(dict(key), key) and not counted_under({**key, "layout": "0" * 16}, key)
+
+
+def test_a_rules_declared_files_replace_the_default_paths_and_unknown_names_are_one_line():
+    from budgetgen.errors import UserError
+    from budgetgen.settings import DatasetPaths
+
+    p = DatasetPaths.of(config(), "D")
+    assert p.raw_responses == "results/D/raw_responses.jsonl" == DatasetPaths.PATTERNS["raw_responses"].format(
+        dataset="D")
+    assert p.with_files({"raw_responses": "elsewhere.jsonl"}).raw_responses == "elsewhere.jsonl"
+    with pytest.raises(UserError, match=r"--path bogus=\.\.\.: not a file of a dataset"):
+        p.with_files({"bogus": "x"})

@@ -226,3 +226,18 @@ def test_the_product_package_keeps_modules_classes_and_functions_small():
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > FUNCTION_LINES:
                 too_big.append(f"{path.name}: {node.name}() {size} lines")
     assert not too_big, f"over {MODULE_LINES}/{CLASS_LINES}/{FUNCTION_LINES} lines: " + "; ".join(too_big)
+
+
+def test_dataset_paths_are_written_once_and_rules_hand_their_files_to_the_scripts():
+    """Every dataset file's pattern lives in budgetgen.settings.DatasetPaths.PATTERNS: no rule spells one
+    out (they use path_of), and every entry point that takes --dataset passes the rule's declared files
+    on (snakemake_paths) and builds its settings with them (declared_files)."""
+    from budgetgen.settings import DatasetPaths
+
+    rules = {p.name: p.read_text() for p in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]}
+    spelled = [f"{name}: {pattern}" for name, text in rules.items() for pattern in DatasetPaths.PATTERNS.values()
+               if f'"{pattern}"' in text]
+    assert not spelled, "dataset paths spelt out in rules (use path_of): " + ", ".join(spelled)
+    for script in ("run_inference.py", "budget_status.py", "finalize.py", "tokenize_responses.py"):
+        text = (REPO / "scripts" / script).read_text()
+        assert "snakemake_paths(smk.input, smk.output)" in text and "files=declared_files(a)" in text, script
