@@ -244,7 +244,8 @@ def main(argv=None):
     def worst(p, k):
         return max((r[k] for r in per[p]), key=abs)
 
-    headers = ["policy", "tokens / SSE event", "budget (mean lengths)", "kept vs budget, median", "worst", "not kept (% of budget), median", "max",
+    headers = ["policy", "tokens / SSE event", "budget (mean lengths)", "kept vs budget, median", "worst",
+               "not kept (% of budget), median", "max",
                "abandoned mid-stream, median", "time < half slots busy, median", "max", "responses, median",
                "wall s, median"]
     rows = []
@@ -300,7 +301,8 @@ def main(argv=None):
         under = min(r["over_pct"] for r in per[p])
         disc = max(r["discard_pct"] for r in per[p])
         met = over <= GOAL_PCT and under >= 0 and disc <= GOAL_PCT
-        notes.append(f"Goal at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,} (budgetgen <= {GOAL_PCT} % over, >= budget, <= {GOAL_PCT} % "
+        notes.append(f"Goal at {p[1]} token(s) per event, budget {shapes[p[2]]['budget']:,} (budgetgen <= {GOAL_PCT} % "
+                     f"over, >= budget, <= {GOAL_PCT} % "
                      f"not kept on every seed): {'met' if met else 'NOT met'} (over {under:+.3f}% .. {over:+.3f}%, "
                      f"not kept max {disc:.3f}%).")
         oracle = [q for q in runs if q[0] == "oracle" and q[2] == p[2]]
@@ -311,7 +313,8 @@ def main(argv=None):
                          f"{'met' if over <= floor + 0.5 and under >= 0 and disc == 0 else 'NOT met'} "
                          f"(worst {over:+.3f}%).")
     name = "budget-means" if args.budget_means else "budget"
-    common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, finish in flight, oracle",
+    common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, "
+                        "finish in flight, oracle",
                   headers, rows, notes)
     return 0
 

@@ -100,7 +100,8 @@ def child_main(args):
 def one_run(client, streams, rep, work, prompts, args):
     d = work / f"{client}-{streams}-{rep}"
     d.mkdir()
-    proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens, "--tokens-per-s", args.rate,
+    proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens,
+                                     "--tokens-per-s", args.rate,
                                      "--chunk-interval-s", 0.01, "--tokens-per-event", 1, "--seed", rep],
                                     work / "servers")
     try:

@@ -34,7 +34,8 @@ tokenized); `before` counts its own rows' tokens (full conversations), so compar
     .venv/bin/python bench/bench_tokenize.py [--quick | --full] [--conversations N] [--reps R] [--against REV]
                                              [--output NAME]
 
-Default 4,000 conversations, 4 runs (~2 min on 2 idle cores, ~3 with --against); --full is the 50,000 of the issue (~12 min).
+Default 4,000 conversations, 4 runs (~2 min on 2 idle cores, ~3 with --against); --full is the 50,000 of the \
+issue (~12 min).
 """
 
 import argparse
@@ -460,7 +461,8 @@ def main():
         f"{verdict(('budgetgen', 1, c))}" for c in core_counts if c > 1])
     speedup = "; ".join(
         f"{c} cores: processes={c} takes {paired(c, 'budgetgen', c, 'budgetgen', 1):.2f}x the rows/s of "
-        f"processes=1 (paired), and processes=1 on {c} cores {rate(c, 'budgetgen', 1, n) / rate(1, 'budgetgen', 1, n):.2f}x "
+        f"processes=1 (paired), and processes=1 on {c} cores "
+        f"{rate(c, 'budgetgen', 1, n) / rate(1, 'budgetgen', 1, n):.2f}x "
         f"the rows/s of 1 core" for c in core_counts if c > 1)
     tokenized = split["prompt"] + split["completion"]
     notes = [

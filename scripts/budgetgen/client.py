@@ -3,7 +3,8 @@
 Wire tolerance, observed on real engines: SGLang/vLLM send `data: [DONE]` and a `choices: []`
 usage chunk; `transformers serve` sends neither (usage rides on the finish chunk). What differs by
 engine (the reasoning field, the token ids, per-chunk usage, error objects) the client asks its
-dialect (budgetgen.engines). Reasoning is journaled as streamed, whitespace included (an empty think block's "\n\n" is part of what the model generated;
+dialect (budgetgen.engines). Reasoning is journaled as streamed, whitespace included (an empty think
+block's "\n\n" is part of what the model generated;
 tokenize decides what it means under the template, budgetgen.turn_format.TurnFormat).
 
 Timeouts: a request is timed out on *silence after its first byte* (request_timeout_s between two
@@ -109,7 +110,8 @@ class StreamedResponse:
     and the tokens reported to on_token (see the module docstring); result() checks it is whole."""
 
     def __init__(self, url, engine: Dialect, want_ids, token_rate, on_token):
-        self.url, self.engine, self.want_ids, self.token_rate, self.on_token = url, engine, want_ids, token_rate, on_token
+        self.url, self.engine, self.want_ids = url, engine, want_ids
+        self.token_rate, self.on_token = token_rate, on_token
         self.content, self.reasoning, self.token_ids = [], [], []
         self.prompt_ids = self.whole_ids = None
         self.finish, self.usage, self.model = None, None, ""

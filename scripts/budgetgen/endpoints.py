@@ -231,7 +231,8 @@ class ServerCheck:
         if resp.status_code in (502, 503, 504):  # a proxy before a server that is not up (yet)
             raise ServerUnreachable(f"server unreachable at {url} (HTTP {resp.status_code})")
         if resp.status_code != 200:
-            raise UserError(f"server at {url} answered HTTP {resp.status_code}: {self.engine.error_message(resp.content)}")
+            raise UserError(f"server at {url} answered HTTP {resp.status_code}: "
+                            f"{self.engine.error_message(resp.content)}")
         try:
             served = [m.get("id") for m in resp.json().get("data", [])]
         except (ValueError, AttributeError):

@@ -136,7 +136,8 @@ DIALECTS = {
         "sglang", "SGLang 0.5.23", reasoning_fields=("reasoning_content",),
         ids_fields=("return_input_ids_in_sglext", "return_output_ids_in_sglext"),
         ids_hint="SGLang (0.5.23) sends them with return_input_ids_in_sglext/return_output_ids_in_sglext, "
-                 "or launch it with --return-input-ids --return-output-ids; for vLLM set server.return_token_ids: vllm"),
+                 "or launch it with --return-input-ids --return-output-ids; for vLLM set "
+                 "server.return_token_ids: vllm"),
     "llamacpp": Dialect("llamacpp", "llama.cpp llama-server 0c1e570 (llama-cpp-python 0.3.36)",
                         reasoning_fields=("reasoning_content",), continuous_usage=False),
 }

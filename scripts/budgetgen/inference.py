@@ -132,9 +132,9 @@ class InferenceJob:
                 await self.server.wait_ready(self.client, stopping=lambda: self.stop_signal is not None)
             if self.stop_signal is None:
                 await self.client.check_server(wait_s=s.startup_wait_s)
-                where = ", ".join(u for u in self.client.urls)
-                cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(self.client.urls) > 1 else ""
-                log.info(f"Server {where} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
+                urls = self.client.urls
+                cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(urls) > 1 else ""
+                log.info(f"Server {', '.join(urls)} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
             self.last_ok = time.monotonic()
             self.progress.to_terminal("started")
             progress = asyncio.create_task(self.progress.tick(self.writer, s, self.fail))

@@ -11,7 +11,8 @@ from outside and is an error naming file:line, never silently dropped.
 One machinery for every append-only file. Both `results/D/journal.jsonl` and
 `results/D/errors.jsonl` are written only through `JournalWriter` (`append_error` is a
 JournalWriter too), read through `whole_lines` (one tolerance policy: a torn tail skipped, a bad
-line elsewhere `FILE:LINE: reason`) by `scan`/`iter_records`/`records_by_id`/`errors_by_identity`, and repaired with `repair_tail` (`scan(path,
+line elsewhere `FILE:LINE: reason`) by `scan`/`iter_records`/`records_by_id`/`errors_by_identity`, and
+repaired with `repair_tail` (`scan(path,
 repair=True)`), all by the inference job while it holds the journal's lock (`JournalLock` of
 `journal.jsonl`, which covers `errors.jsonl` as well: one lock, one writer per dataset). A writer
 never appends behind a torn line: opening a `JournalWriter` cuts a torn tail first (a kill during
@@ -148,8 +149,10 @@ def parse_line(line, where):
 def scan(path, repair=False, accepts=None, lane_of=None):
     """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
     first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
-    by default; a record without an identity is refused, budgetgen.migration); `lane_of(sha, id, cell named by the identity's records) -> key`: the lane a counted record
-    belongs to (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in full only where the head and tail do not say
+    by default; a record without an identity is refused, budgetgen.migration); `lane_of(sha, id, cell
+    named by the identity's records) -> key`: the lane a counted record belongs to
+    (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in
+    full only where the head and tail do not say
     enough (a record without a stored identity; an identity's first record, for its settings)."""
     from .identity import record_settings, record_sha
 
@@ -167,7 +170,8 @@ def scan(path, repair=False, accepts=None, lane_of=None):
         count = state.by_identity.get(sha)
         if count is None:
             cell = rec.get("cell")
-            count = state.by_identity[sha] = IdentityCount(settings=settings, cell=cell if isinstance(cell, str) else None)
+            count = state.by_identity[sha] = IdentityCount(settings=settings,
+                                                           cell=cell if isinstance(cell, str) else None)
         count.records += 1
         count.tokens += tokens
         if accepts is not None and not accepts(sha):

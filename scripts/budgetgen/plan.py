@@ -152,7 +152,7 @@ def prepare(s):
     if not s.mixture.plain:
         log.info("Lanes: " + "; ".join(
             f"{k} {a.tokens}/{a.lane.budget} tokens (share {a.lane.cell.share:g}"
-            f"{', validation ' + format(s.mixture.validation_share, 'g') if a.lane.split == mixture.VALIDATION else ''}), "
+            + (f", validation {s.mixture.validation_share:g}" if a.lane.split == mixture.VALIDATION else "") + "), "
             f"{len(a.prompts)} prompts held" for k, a in accounts.items())
             + "; unclaimed prompts: " + ", ".join(f"{split} {len(ps)}" for split, ps in pool.items()))
     lanes = _lane_runs(s, accounts, journaled, errored)

@@ -129,7 +129,8 @@ def rerun_trigger(config, dataset, stage):
     if stage == "tokenize":
         from .turn_format import tokenizer_sha256
 
-        return {"content": config_sha256(config, dataset), "tokenizer_sha256": tokenizer_sha256(config["tokenizer"]["path"]),
+        return {"content": config_sha256(config, dataset),
+                "tokenizer_sha256": tokenizer_sha256(config["tokenizer"]["path"]),
                 "chat_template_kwargs": chat_template_kwargs(config, dataset)}
     raise ValueError(stage)
 
@@ -291,7 +292,8 @@ def dump_shape(config):
 
     t = config["tokenizer"]
     return DumpShape.read(t.get("model_config") or os.path.join(t["path"], "config.json"),
-                                      aux_layers=int(t["forecast_aux_layers"]), dtype_bytes=int(t["forecast_dtype_bytes"]),
+                                      aux_layers=int(t["forecast_aux_layers"]),
+                                      dtype_bytes=int(t["forecast_dtype_bytes"]),
                                       required=bool(t.get("model_config")))
 
 
@@ -319,7 +321,8 @@ class TokenizeSettings:
         """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
         t = config["tokenizer"]
         return cls(
-            paths=DatasetPaths.of(config, dataset).with_files(files or {}), tokenizer=t["path"], max_length=int(t["max_length"]),
+            paths=DatasetPaths.of(config, dataset).with_files(files or {}), tokenizer=t["path"],
+            max_length=int(t["max_length"]),
             processes=int(processes if processes is not None else t["processes"]),
             allow_mixed_settings=bool(t["allow_mixed_settings"]), use_server_token_ids=bool(t["use_server_token_ids"]),
             trust_remote_code=bool(t["trust_remote_code"]),

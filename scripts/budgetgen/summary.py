@@ -61,7 +61,8 @@ def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_
     n = len(lengths)
     return {
         "dataset": dataset, "cell": "all", "split": "all", "budget_share": "1", "validation_rows": "",
-        "row_tokens": "", "hidden_state_bytes": "", "cross_dataset_duplicates": "", "prompts": n_prompts, "responses": n, "completion_tokens": tokens,
+        "row_tokens": "", "hidden_state_bytes": "", "cross_dataset_duplicates": "", "prompts": n_prompts,
+        "responses": n, "completion_tokens": tokens,
         "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
         "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
         "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",

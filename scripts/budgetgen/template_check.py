@@ -76,7 +76,8 @@ def template_variables(template):
     except ImportError:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
     except Exception:  # a template that does not compile: tokenize reports it
         return None
     try:
@@ -128,7 +129,8 @@ def render_problem(config, render):
                 where = f"datasets.{ds}.mixture" if config["datasets"][ds].get("mixture") else "generation.mixture"
                 return (f"config key {where}: cells {other.name} and {cell.name} (dataset {ds}) render the same "
                         f"prompt: their chat_template_kwargs "
-                        f"{json.dumps(other.chat_template_kwargs, sort_keys=True)} and {k} make no difference to the chat "
+                        f"{json.dumps(other.chat_template_kwargs, sort_keys=True)} and {k} make no difference "
+                        "to the chat "
                         f"template of tokenizer.path ({config['tokenizer']['path']}), so the cells would be a label "
                         f"only; {_ESCAPE}")
     return None

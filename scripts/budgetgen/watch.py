@@ -128,7 +128,8 @@ def format_tsv(views):
             v.name, v.tokens, v.budget, f"{v.pct:.2f}", v.responses, v.generations_done, v.generations, v.state,
             f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors)))
     tokens, budget, left, tps, eta = total(views)
-    lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, f"{100.0 * tokens / budget if budget else 100:.2f}",
+    pct = f"{100.0 * tokens / budget if budget else 100:.2f}"
+    lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, pct,
                                            sum(v.responses for v in views), "", "", f"{left} left", f"{tps:.1f}",
                                            f"{sum(v.req_s for v in views):.2f}", "" if eta is None else f"{eta:.0f}",
                                            sum(v.errors for v in views))))

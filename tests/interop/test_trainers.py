@@ -8,7 +8,8 @@ Skipped unless BUDGETGEN_INTEROP=1. Run it from the repository with the project'
 It needs PyPI (pip). Each trainer gets its own venv, built once by the test and reused while its
 pins are unchanged (a change of pins replaces it), under $BUDGETGEN_INTEROP_CACHE (default
 ~/.cache/budgetgen/interop); delete that folder to rebuild. First run: about 1.6 GB of disk and 4-5
-minutes (speculators brings torch, transformers, datasets); later runs take under a minute. Torch is pinned to the CPU build 2.13.0: where
+minutes (speculators brings torch, transformers, datasets); later runs take under a minute. Torch is pinned \
+to the CPU build 2.13.0: where
 pip would otherwise fetch the CUDA build, point it at the CPU wheels first, e.g.
 `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu` (pip's own environment variables reach
 the installs).

@@ -25,7 +25,8 @@ again with probability --again (at most --max-kills per trial) or lets it finish
 Checked after every kill: no process of the group survives; every whole journal line present before
 the kill is still there, in order (prefix preserved); no id twice under one identity in any journal;
 errors.jsonl likewise: its whole lines from before the kill kept in order, every whole line parses, no
-id errored twice under one identity, no id both journaled and errored under one identity (a torn tail, a record the kill cut, is counted; the rerun
+id errored twice under one identity, no id both journaled and errored under one identity (a torn tail, a \
+record the kill cut, is counted; the rerun
 must cut it, never glue a record onto it); a raw_responses.jsonl or tokenized.arrow that exists is
 whole (parses / opens with datasets.Dataset.from_file) with no id twice. Checked at the end: the
 journals and errors.jsonl hold exactly the reference ids under the final identity, and

@@ -115,7 +115,8 @@ KIMI_PAT_STR = "|".join(
     ]
 )
 
-KIMI_MODULE_SOURCE = r'''"""A Kimi-K2-like slow tokenizer (test fixture): tiktoken BPE ranks plus a block of reserved special ids.
+KIMI_MODULE_SOURCE = (r'''"""A Kimi-K2-like slow tokenizer (test fixture): tiktoken BPE ranks plus a block of '''
+                      r'''reserved special ids.
 
 Written into a tokenizer folder by tests/support/tokenizer_folders.py and loaded through `auto_map` with
 `AutoTokenizer.from_pretrained(folder, trust_remote_code=True)`, the way Kimi-K2's TikToken tokenizer is.
@@ -222,7 +223,7 @@ class __CLASS__(PreTrainedTokenizer):
         if os.path.abspath(out) != os.path.abspath(self.vocab_file):
             shutil.copyfile(self.vocab_file, out)
         return (out,)
-'''
+''')
 
 # K2-Thinking-like template (see the module docstring). Content: a string or a list of text parts.
 _KIMI_CONTENT = (
@@ -271,7 +272,8 @@ _KIMI_TEMPLATE = (
     "__PREFILL__"
     "{%- endif -%}"
 )
-_KIMI_PREFILL = "{%- if thinking is defined and not thinking -%}{{- '<think></think>' -}}{%- else -%}{{- '<think>' -}}{%- endif -%}"
+_KIMI_PREFILL = ("{%- if thinking is defined and not thinking -%}{{- '<think></think>' -}}"
+                 "{%- else -%}{{- '<think>' -}}{%- endif -%}")
 
 
 def kimi_template(think_prefill=False):
@@ -314,7 +316,8 @@ def learn_tiktoken_ranks(texts, n_merges=400, pat_str=KIMI_PAT_STR):
 
 def write_tiktoken_model(path, ranks):
     """Write ranks in tiktoken's file format: one `base64(token bytes) rank` line per token, by rank."""
-    lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}\n" for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    lines = [f"{base64.b64encode(tok).decode('ascii')} {rank}\n"
+             for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
     Path(path).write_text("".join(lines), encoding="ascii")
 
 

@@ -1,4 +1,5 @@
-"""The client's retry classes and backoff (the client against a real server: tests/workflow/test_client_streaming.py)."""
+"""The client's retry classes and backoff (the client against a real server: \
+tests/workflow/test_client_streaming.py)."""
 
 import random
 

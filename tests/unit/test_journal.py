@@ -192,7 +192,8 @@ def test_scan_counts_only_the_identities_that_count_and_every_identity_apart(tmp
     everything = journal.scan(p)  # every identity counts (extend): the first record of an id wins
     assert (everything.records, everything.tokens, everything.duplicates) == (3, 30, 2)
     assert [r["id"] for _, r in journal.iter_records(p, accepts=lambda sha: sha == new.sha)] == ["r0", "r1"]
-    assert journal.records_by_id(p, ["r1"], accepts=lambda sha: sha == new.sha)["r1"]["usage"]["completion_tokens"] == 20
+    assert journal.records_by_id(p, ["r1"],
+                                 accepts=lambda sha: sha == new.sha)["r1"]["usage"]["completion_tokens"] == 20
     # a record written before identities: every reader refuses it in one line naming the migration, which
     # stamps it with the identity its params imply
     legacy = {k: v for k, v in rec(9).items() if k not in ("identity", "identity_settings")}

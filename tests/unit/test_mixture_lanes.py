@@ -42,7 +42,8 @@ def test_cells_merge_their_overrides_over_the_datasets_settings():
     mix = dataset_mixture(config(extra_body={"chat_template_kwargs": {"reasoning_effort": "high"}}, mixture={
         "think": {"share": 0.7, "extra_body": {"chat_template_kwargs": {"enable_thinking": True}}},
         "nothink": {"share": 0.3, "temperature": 0.6, "max_tokens": 50,
-                    "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}}, validation={"share": 0.1}), "D")
+                    "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}},
+                                 validation={"share": 0.1}), "D")
     think, nothink = mix.cells
     assert think.params["extra_body"] == {"chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": True}}
     assert nothink.params["temperature"] == 0.6 and nothink.max_tokens == 50 and think.params["temperature"] == 0.7

@@ -17,7 +17,8 @@ def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
              "finish_reason": "stop", "params": {"model": "m"}, "usage": {"completion_tokens": 2}} for i in range(3)]
     raw.write_text("".join(json.dumps(stamped(r)) + "\n" for r in recs))
     out = tmp_path / "tokenized.arrow"
-    tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tiny_tokenizer, max_length=256, max_skipped_pct=50), log=lambda m: None)
+    tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tiny_tokenizer, max_length=256, max_skipped_pct=50),
+                  log=lambda m: None)
     row = dataset_row("D", str(raw), 100, str(prompts), str(tmp_path / "errors.jsonl"), str(out))
     assert row["tokenized_rows"] == 2 and row["tokenize_skipped"] == "no_supervised_tokens=1"
     assert row["status"] == "exhausted" and row["responses"] == 3

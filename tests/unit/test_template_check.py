@@ -80,7 +80,8 @@ def test_cells_whose_kwargs_render_the_same_prompt_are_refused(tmp_path, folders
     cfg = config(tmp_path, folders["qwen-3"], mixture(plain={}, think=kwargs(enable_thinking=True)))
     problem = template_check.template_problem(cfg)
     assert problem.startswith("config key generation.mixture: cells plain and think (dataset A) render the same "
-                              'prompt: their chat_template_kwargs {} and {"enable_thinking": true} make no difference'), \
+                              'prompt: their chat_template_kwargs {} and {"enable_thinking": true} make no '
+                              'difference'), \
         problem
     assert ESCAPE in problem
     cfg = config(tmp_path, folders["deepseek-v3.1"], dataset=mixture(off=kwargs(thinking=False), default={}))

@@ -66,4 +66,5 @@ def test_bad_completion_token_ids_is_a_one_line_error(tmp_path, tiny_tokenizer):
     rec = {"id": "a", "messages": PROMPT + [ANSWER], "completion_token_ids": ["x"], "usage": {}}
     src.write_text(json.dumps(rec) + "\n")
     with pytest.raises(UserError, match=r"raw.jsonl:1: \"completion_token_ids\" must be a list of integers"):
-        tokenize_file(src, tmp_path / "out.arrow", TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024), log=lambda m: None)
+        tokenize_file(src, tmp_path / "out.arrow", TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024),
+                      log=lambda m: None)

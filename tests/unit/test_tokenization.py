@@ -295,12 +295,15 @@ def test_reasoning_a_tokenizer_cannot_delimit_is_a_counted_skip_naming_the_setti
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(record(i, [USER1, thought])) + "\n" for i in range(3)))
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64), log=lambda m: None)
+        tokenize_file(str(raw), str(tmp_path / "t.arrow"),
+                      TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64), log=lambda m: None)
     message = str(exc.value)
     assert "3 of 3 records skipped" in message and "reasoning_delimiters_unknown (3, first id 'p000')" in message
     assert example in message
     logs = []
-    tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64, max_skipped_pct=100), log=logs.append)
+    tokenize_file(str(raw), str(tmp_path / "t.arrow"),
+                  TokenizeOptions(tokenizer=str(tmp_path / "words"), max_length=64, max_skipped_pct=100),
+                  log=logs.append)
     assert logs[-1].startswith("Tokenized: 0 (3 skipped: reasoning_delimiters_unknown=3); ")
     assert example in logs[-1]
     # tags named in the config are used as given
@@ -390,7 +393,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     out = str(tmp_path / "tokenized.arrow")
     logs = []
-    stats = tokenize_file(raw_file, out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, batch_size=8, max_skipped_pct=5), log=logs.append)
+    stats = tokenize_file(raw_file, out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, batch_size=8,
+                                                         max_skipped_pct=5), log=logs.append)
     assert stats["rows"] == 38 and stats["skipped"] == {NO_SUPERVISED_TOKENS: 2}
     assert logs[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
 
@@ -444,8 +448,10 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 def test_tokenize_file_two_processes_same_output(tmp_path, raw_file, tok_dirs):
     one, two = str(tmp_path / "one.arrow"), str(tmp_path / "two.arrow")
     logs1, logs2 = [], []
-    s1 = tokenize_file(raw_file, one, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=1, batch_size=4, max_skipped_pct=5), log=logs1.append)
-    s2 = tokenize_file(raw_file, two, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=2, batch_size=4, max_skipped_pct=5), log=logs2.append)
+    s1 = tokenize_file(raw_file, one, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=1,
+                                                      batch_size=4, max_skipped_pct=5), log=logs1.append)
+    s2 = tokenize_file(raw_file, two, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=2,
+                                                      batch_size=4, max_skipped_pct=5), log=logs2.append)
     assert s1 == s2
     assert logs1[-1] == logs2[-1]
     with open(one, "rb") as a, open(two, "rb") as b:
@@ -461,7 +467,9 @@ def test_tokenize_file_renders_each_record_with_its_own_template_kwargs(tmp_path
     raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = str(tmp_path / "t.arrow")
     logs = []
-    stats = tokenize_file(str(raw), out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, chat_template_kwargs={"enable_thinking": True}), log=logs.append)
+    stats = tokenize_file(str(raw), out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512,
+                                                         chat_template_kwargs={"enable_thinking": True}),
+                          log=logs.append)
     assert stats["rows"] == 3 and stats["skipped"] == {} and logs[-1] == "Tokenized: 3 (0 skipped)"
     table, meta = read_stream(out)
     tok = toks["chatml"]
@@ -476,11 +484,13 @@ def test_more_skipped_than_max_skipped_pct_fails_naming_reason_and_first_id(tmp_
     raw.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256), log=lambda m: None)
+        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256),
+                      log=lambda m: None)
     assert str(exc.value) == (f"{raw}: 2 of 10 records skipped (20.0 % > tokenizer.max_skipped_pct 1); "
                               "most: no_supervised_tokens (2, first id 'p003')")
     assert not out.exists()
-    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256, max_skipped_pct=20), log=lambda m: None)
+    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=256,
+                                                              max_skipped_pct=20), log=lambda m: None)
     assert stats["rows"] == 8 and out.exists()
     work = cli_workdir(tmp_path / "cli", raw, tok_dirs["chatml"], max_length=256)  # the default: 1 %
     proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
@@ -514,7 +524,8 @@ def test_malformed_line_names_file_and_line(tmp_path, tok_dirs, bad, why):
     raw.write_text(good + "\n" + good + "\n" + bad + "\n" + good + "\n")
     out = tmp_path / "t.arrow"
     with pytest.raises(UserError) as exc:
-        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64), log=lambda m: None)
+        tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64),
+                      log=lambda m: None)
     msg = str(exc.value)
     assert msg.startswith(f"{raw}:3: ") and why in msg and "\n" not in msg
     assert not out.exists() and os.listdir(tmp_path) == ["raw.jsonl"]
@@ -525,7 +536,9 @@ def test_malformed_line_in_a_worker(tmp_path, tok_dirs):
     good = json.dumps(record(0, conversation(False, False)))
     raw.write_text("\n".join([good] * 5 + ["{oops"] + [good] * 2) + "\n")
     with pytest.raises(UserError, match=r"raw\.jsonl:6: not valid JSON"):
-        tokenize_file(str(raw), str(tmp_path / "t.arrow"), TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64, processes=2, batch_size=2), log=lambda m: None)
+        tokenize_file(str(raw), str(tmp_path / "t.arrow"),
+                      TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64, processes=2, batch_size=2),
+                      log=lambda m: None)
     assert os.listdir(tmp_path) == ["raw.jsonl"]
 
 
@@ -609,7 +622,8 @@ def test_cli(tmp_path, raw_file, tok_dirs):
     assert proc.returncode == 2 and proc.stderr.startswith("error: --dataset nope: not a dataset of")
     (work / "config.yaml").write_text((work / "config.yaml").read_text().replace("max_length: 256", "max_length: 0"))
     proc = run_cli("--config", str(work / "config.yaml"), "--dataset", "D", "-d", str(work))
-    assert proc.returncode == 2 and proc.stderr.strip() == "error: config key tokenizer.max_length: 0 is less than the minimum of 1"
+    assert (proc.returncode == 2
+            and proc.stderr.strip() == "error: config key tokenizer.max_length: 0 is less than the minimum of 1")
 
 
 def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs):
@@ -631,7 +645,8 @@ def test_mixed_generation_settings_are_refused_unless_allowed(tmp_path, tok_dirs
     with pytest.raises(_UserError, match=r"2 different content settings"):
         _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64), log=lambda m: None)
     assert not out.exists()
-    _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64, allow_mixed_settings=True), log=lambda m: None)
+    _tokenize_file(src, out, TokenizeOptions(tokenizer=chatml_tokenizer_dir, max_length=64, allow_mixed_settings=True),
+                   log=lambda m: None)
     import pyarrow as pa
 
     with pa.memory_map(str(out)) as f:
@@ -649,7 +664,8 @@ def target_like(tmp_path_factory):
     from support.tokenizer_folders import build_gemma_like, build_kimi_like, build_phi3_like
 
     root = tmp_path_factory.mktemp("targets")
-    return {"kimi": str(build_kimi_like(root / "kimi")), "kimi25": str(build_kimi_like(root / "kimi25", think_prefill=True)),
+    return {"kimi": str(build_kimi_like(root / "kimi")),
+            "kimi25": str(build_kimi_like(root / "kimi25", think_prefill=True)),
             "gemma": str(build_gemma_like(root / "gemma")), "phi3": str(build_phi3_like(root / "phi3"))}
 
 
@@ -666,7 +682,9 @@ def test_kimi_like_tiktoken_tokenizer_needs_trust_remote_code_and_makes_exact_ro
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(record(i, conv, "length" if i == 1 else "stop")) + "\n" for i in range(6)))
     out = tmp_path / "t.arrow"
-    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=target_like["kimi"], max_length=4096, processes=2, batch_size=2, trust_remote_code=True), log=lambda m: None)
+    stats = tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=target_like["kimi"], max_length=4096,
+                                                              processes=2, batch_size=2, trust_remote_code=True),
+                          log=lambda m: None)
     assert stats["rows"] == 6 and stats["skipped"] == {}
     table, meta = read_stream(str(out))
     assert meta["trust_remote_code"] is True

@@ -1,5 +1,6 @@
 """budgetgen.journal.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
-file replaced or cut under it, records of other generation identities; rates from the records; the plain-text table (format_plain) for a pipe."""
+file replaced or cut under it, records of other generation identities; rates from the records; the plain-text \
+table (format_plain) for a pipe."""
 
 import os
 import re

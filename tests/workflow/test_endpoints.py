@@ -23,7 +23,8 @@ def records(tmp_path):
 
 def test_requests_go_to_the_least_loaded_endpoint_with_a_per_endpoint_cap(tmp_path, server):
     write_prompts(tmp_path / "prompts.jsonl", 60)
-    a, b = server("--tokens-per-s", "400", "--mean-tokens", "20"), server("--tokens-per-s", "400", "--mean-tokens", "20")
+    a, b = (server("--tokens-per-s", "400", "--mean-tokens", "20"),
+            server("--tokens-per-s", "400", "--mean-tokens", "20"))
     p = subprocess.run(job(tmp_path, [a.base_url, b.base_url], endpoint_concurrency=3), capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:]
@@ -49,7 +50,8 @@ def test_an_endpoint_that_dies_is_taken_out_and_probed_back_in(tmp_path, server)
                             stderr=subprocess.STDOUT)
     revived = []
     try:
-        while not (tmp_path / "results" / "d" / "journal.jsonl").exists() or len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) < 20:
+        while (not (tmp_path / "results" / "d" / "journal.jsonl").exists()
+               or len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) < 20):
             time.sleep(0.05)
         b.kill()  # the server process dies: open streams break, new connections are refused
         b.wait()
@@ -126,7 +128,8 @@ def test_two_datasets_share_one_server_through_the_slot_resource(tmp_path, serve
 
 
 def test_workflow_with_a_list_of_base_urls_uses_every_endpoint(tmp_path, server, tiny_tokenizer):
-    a, b = server("--mean-tokens", "12", "--tokens-per-s", "200"), server("--mean-tokens", "12", "--tokens-per-s", "200")
+    a, b = (server("--mean-tokens", "12", "--tokens-per-s", "200"),
+            server("--mean-tokens", "12", "--tokens-per-s", "200"))
     write_prompts(tmp_path / "prompts" / "A.jsonl", 40)
     config = base_config([a.base_url, b.base_url], tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl"}},
                          token_budget=10**6)

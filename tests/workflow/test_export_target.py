@@ -31,7 +31,8 @@ def test_export_target_writes_specforge_jsonl_pretokenized_jsonl_and_hf_dataset(
     assert hf["id"] == tokenized["id"] and hf["input_ids"] == tokenized["input_ids"]
     assert hf["loss_mask"] == tokenized["loss_mask"]
     assert all(m == [1] * len(ids) for m, ids in zip(hf["attention_mask"], hf["input_ids"]))
-    pre = [json.loads(line) for line in wf.path("results", "A", "export", "pretokenized.jsonl").read_text().splitlines()]
+    pre = [json.loads(line)
+           for line in wf.path("results", "A", "export", "pretokenized.jsonl").read_text().splitlines()]
     assert [set(r) for r in pre] == [{"id", "input_ids", "loss_mask", "cell"}] * tokenized.num_rows
     assert [r["id"] for r in pre] == tokenized["id"]
     assert [r["input_ids"] for r in pre] == tokenized["input_ids"]

@@ -100,7 +100,8 @@ def test_hung_requests_are_ended_by_request_timeout_and_retried(tmp_path, server
     retries, kinds = done_line(p.output)
     hangs = server_stats(srv)["faults"]["hang"]
     assert hangs > 0 and kinds == {"ReadTimeout": hangs} and retries == hangs
-    assert len({json.loads(x)["id"] for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}) == 30
+    assert len({json.loads(x)["id"]
+                for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}) == 30
     print(f"hangs: {hangs} ended by the 1 s request timeout, run {time.monotonic() - t0:.1f} s")
 
 

@@ -39,7 +39,8 @@ def change(wf, **generation):
 def refused(wf, srv, *changed):
     """A run after a settings change: non-zero, one line naming each changed setting and the ways out,
     no request sent, the journal untouched; `-n` says the same in its status table."""
-    before_requests, before_journal = server_stats(srv)["requests"], wf.path("results", "D", "journal.jsonl").read_bytes()
+    before_requests, before_journal = (server_stats(srv)["requests"],
+                                       wf.path("results", "D", "journal.jsonl").read_bytes())
     dry = wf.run("-n", "all")
     assert planned_inference(dry.output) == {"D"}
     row = next(line for line in dry.output.splitlines() if line.startswith("budgetgen: D "))

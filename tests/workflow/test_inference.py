@@ -193,7 +193,8 @@ def test_api_key_from_environment_never_logged(tmp_path, server):
     p = subprocess.run(cmd(tmp_path, srv.base_url, budget=10**6, api_key_env="BG_TEST_KEY"),
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "sk-secret-123" not in p.stdout + p.stderr and "sk-secret-123" not in (tmp_path / "results" / "d" / "journal.jsonl").read_text()
+    assert ("sk-secret-123" not in p.stdout + p.stderr
+            and "sk-secret-123" not in (tmp_path / "results" / "d" / "journal.jsonl").read_text())
     write_prompts(tmp_path / "prompts.jsonl", 10)  # work left, so the key is needed
     p = run(tmp_path, srv.base_url, budget=10**6, api_key_env="BG_NOT_SET")
     assert p.returncode == 2 and "BG_NOT_SET" in p.stderr

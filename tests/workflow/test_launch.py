@@ -47,7 +47,8 @@ def test_launched_server_is_used_and_stopped_after_success(tmp_path):
     assert p.returncode == 0, out[-3000:]
     pid, url = launched_pid(out)
     assert "Server ready after" in out and f"Server {url} serves mock-model" in out
-    assert "Done: budget exhausted" in out and len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) == 30
+    assert ("Done: budget exhausted" in out
+            and len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) == 30)
     assert gone(pid) and "Stopped server pid" in out
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/models", timeout=2)
@@ -92,7 +93,8 @@ def test_sigterm_stops_the_job_and_its_server_within_seconds(tmp_path):
     proc = subprocess.Popen(launch_args(tmp_path, MOCK + " --port {port} --tokens-per-s 20 --mean-tokens 40",
                                         budget=10**6), stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: (tmp_path / "results" / "d" / "journal.jsonl").exists() and (tmp_path / "results" / "d" / "journal.jsonl").read_text().count("\n") >= 2,
+        wait_for(lambda: ((tmp_path / "results" / "d" / "journal.jsonl").exists()
+                          and (tmp_path / "results" / "d" / "journal.jsonl").read_text().count("\n") >= 2),
                  timeout=60, what="2 journaled responses")
         pid, _ = launched_pid((tmp_path / "job.out").read_text())
         t0 = time.monotonic()

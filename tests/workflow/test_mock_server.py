@@ -562,7 +562,8 @@ def test_sglang_mode_sends_the_ids_in_one_sglext_chunk_before_the_usage_chunk(se
     """SGLang 0.5.23 (serving_chat.py): return_input_ids_in_sglext / return_output_ids_in_sglext, the
     x-sglext-return-*-ids headers or the launch flags give one `choices: []` chunk with sglext
     {input_ids, output_ids: [[...]]} right before the usage chunk; output ids number completion_tokens."""
-    args = ["--engine", "sglang", "--mean-tokens", 12, "--reasoning-share", 0.25, "--token-ids-tokenizer", tiny_tokenizer]
+    args = ["--engine", "sglang", "--mean-tokens", 12, "--reasoning-share", 0.25,
+            "--token-ids-tokenizer", tiny_tokenizer]
     kw, headers = {}, None
     if how == "fields":
         kw = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}

@@ -40,7 +40,8 @@ def test_rule_plots_draws_each_dataset_from_its_responses(tmp_path, server, tiny
     cut = sum(r["finish_reason"] == "length" for r in a_raw)
     assert f"{cut} of {len(a_raw)} " in text["A", "lengths"] and "max_tokens=96" in text["A", "lengths"]
     assert "(counted by the server)" in text["A", "reasoning"]
-    assert len(wf.records("B", "errors.jsonl")) == 2 and "failed: HTTP 400" in text["B", "errors"] and "no prompt failed" in text["A", "errors"]
+    assert (len(wf.records("B", "errors.jsonl")) == 2 and "failed: HTTP 400" in text["B", "errors"]
+            and "no prompt failed" in text["A", "errors"])
     assert "throughput over the run" in text["A", "throughput"]
     assert wf.path("logs", "plots", "A.log").read_text().count("figure ->") == len(plots.FIGURES)
     assert "Nothing to be done" in wf.run("-n", *targets).output

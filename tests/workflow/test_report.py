@@ -34,7 +34,8 @@ DRIVER = """
   const found = {category: false, row: false};
   const byText = (sel, text) => Array.from(document.querySelectorAll(sel)).find(el => el.textContent.trim() === text);
   function report(decoded) {
-    const img = Array.from(document.querySelectorAll("#app img")).find(im => im.getAttribute("src") === results[want.path].data_uri);
+    const img = Array.from(document.querySelectorAll("#app img")).find(im => im.getAttribute("src") === \
+results[want.path].data_uri);
     const out = document.createElement("pre");
     out.id = "budgetgen-check";
     out.style.display = "none";

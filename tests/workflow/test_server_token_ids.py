@@ -61,7 +61,9 @@ def test_workflow_rows_are_the_servers_prompt_and_completion_ids(tmp_path, serve
             assert (p, c) == sglext_ids(srv.base_url, by_id[rid]["messages"][:-1], 40)
     # the text path rebuilds the same rows from the same (canonical) responses
     rendered_path = tmp_path / "rendered.arrow"
-    tokenize_file(wf.path("results", "A", "raw_responses.jsonl"), rendered_path, TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024, use_server_token_ids=False), log=lambda m: None)
+    tokenize_file(wf.path("results", "A", "raw_responses.jsonl"), rendered_path,
+                  TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024, use_server_token_ids=False),
+                  log=lambda m: None)
     rendered = Dataset.from_file(str(rendered_path))
     assert served["id"] == rendered["id"]
     assert served["input_ids"] == rendered["input_ids"] and served["loss_mask"] == rendered["loss_mask"]

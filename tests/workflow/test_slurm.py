@@ -1,6 +1,7 @@
 """The workflow through SLURM (snakemake-executor-plugin-slurm) on a real one-node cluster.
 
-The cluster is tests/slurm/cluster.sh's (started by .ci/run, which then sets BUDGETGEN_SLURM=1). Without BUDGETGEN_SLURM=1 the cluster tests are skipped; the dry-runs of the two profiles
+The cluster is tests/slurm/cluster.sh's (started by .ci/run, which then sets BUDGETGEN_SLURM=1). Without \
+BUDGETGEN_SLURM=1 the cluster tests are skipped; the dry-runs of the two profiles
 need only the plugin and always run. Every snakemake run is wrapped in `timeout -k`: a SLURM status
 query that never sees a job finish would otherwise hang for ever (see tests/slurm/profile).
 """
@@ -114,7 +115,8 @@ def test_slurm_profile_dry_run(tmp_path, server, tiny_tokenizer):
     inference = profile["set-resources"]["inference"]
     assert profile["executor"] == "slurm" and profile["slurm-requeue"] and profile["retries"] >= 1
     assert profile["keep-going"] is True
-    assert inference["slurm_extra"] == "'--signal=TERM@120'" and not set(inference) & {"gres", "mem_mb", "cpus_per_task"}
+    assert (inference["slurm_extra"] == "'--signal=TERM@120'"
+            and not set(inference) & {"gres", "mem_mb", "cpus_per_task"})
     assert "cpus_per_task" not in profile["default-resources"]  # it would override every rule's threads
     # profiles/default wins per key over --profile: it must not set what profiles/slurm sets
     default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
@@ -250,7 +252,8 @@ def test_readme_cluster_walkthrough_as_written_from_outside_the_clone(tmp_path, 
         if cmd == "bg all":
             cmd = "bg --unlock"
         script.append(cmd.replace("/scratch/$USER/run1", str(work)))
-    assert "bg -n all" in script and any("cp -r ~/budgetgen/profiles/slurm ~/.config/snakemake/budgetgen" in c for c in script), block
+    assert ("bg -n all" in script
+            and any("cp -r ~/budgetgen/profiles/slurm ~/.config/snakemake/budgetgen" in c for c in script)), block
     proc = subprocess.run(["timeout", "-k", "30", "240", "bash", "-c", "\n".join(script)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HOME": str(home), "EDITOR": str(editor)})

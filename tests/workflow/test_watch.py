@@ -146,12 +146,14 @@ def test_watch_once_piped_from_another_folder_prints_every_dataset_as_plain_text
     d = tmp_path / "work"
     write_prompts(d / "prompts" / "A.jsonl", 60, prefix="A")
     write_prompts(d / "prompts" / "B.jsonl", 4, prefix="B")  # too few prompts for its budget: exhausted
-    wf = Workflow(d, base_config(srv.base_url, tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl", "token_budget": 300},
+    wf = Workflow(d, base_config(srv.base_url, tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl",
+                                                                      "token_budget": 300},
                                                              "B": {"prompts": "prompts/B.jsonl",
                                                                    "token_budget": 100000}}))
     wf.run("--cores", "2", "all")
     with open(wf.path("results", "summary.tsv")) as f:
-        summary = {r["dataset"]: r["status"] for r in csv.DictReader(f, delimiter="\t") if r.get("cell", "all") == "all"}
+        summary = {r["dataset"]: r["status"] for r in csv.DictReader(f, delimiter="\t")
+                   if r.get("cell", "all") == "all"}
     assert summary == {"A": "met", "B": "exhausted"}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
