@@ -20,10 +20,16 @@ so the kept count is >= budget (unless the prompts run out) and exceeds it by th
 last few requests dispatched; DispatchPolicy explains the margin.
 """
 
+from __future__ import annotations
+
 import bisect
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 
 class _Fenwick:
@@ -89,7 +95,7 @@ class LengthModel:
         for length in lengths:
             self.observe(length)
 
-    def observe(self, length):
+    def observe(self, length: int) -> None:
         length = max(0, int(length))
         self.tree.add(length, 1, length, length * length)
         self.n += 1
@@ -101,11 +107,11 @@ class LengthModel:
             self.counts[length] = 0
         self.counts[length] += 1
 
-    def beyond(self, k):
+    def beyond(self, k: int) -> int:
         """How many observed lengths exceed k."""
         return self.n - self.tree.prefix(k + 1)[0]
 
-    def final_moments(self, streamed):
+    def final_moments(self, streamed: float) -> tuple[float, float]:
         """Mean and variance of the final length of a request that has produced `streamed` tokens,
         from the finished lengths alone."""
         k = max(0, int(streamed))
@@ -116,7 +122,7 @@ class LengthModel:
             return self.blend(k, c, mean, max(0.0, q / c - mean * mean))
         return self.blend(k, 0, None, None)
 
-    def given_inflight(self, inflight_streamed):
+    def given_inflight(self, inflight_streamed: Iterable[float]) -> CensoredLengths:
         """The model knowing the requests in flight too (CensoredLengths), built now: O(distinct lengths)."""
         return CensoredLengths(self, inflight_streamed)
 
@@ -124,7 +130,7 @@ class LengthModel:
     # least one response): early in a run at every response, as before; at 1M finished every 10,000.
     REBUILD_SHARE = 0.01
 
-    def inflight_moments(self, inflight_streamed):
+    def inflight_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float]:
         """(sum of E[final length], sum of Var[final length]) of the requests in flight, as
         given_inflight(inflight_streamed) gives them one by one, from a CensoredLengths view that is
         rebuilt only when the finished lengths grew by REBUILD_SHARE (its censoring: the requests in flight
@@ -136,7 +142,7 @@ class LengthModel:
             view.freeze()
         return view.sum_moments(inflight_streamed)
 
-    def blend(self, k, c, mean, var):
+    def blend(self, k: int, c: int, mean: float | None, var: float | None) -> tuple[float, float]:
         """The moments (mean, var) of lengths beyond k estimated from c samples, blended with the prior
         while c < MIN_SAMPLES, clipped to (k, cap]."""
         # Prior for the unseen: the cap (max_tokens), pessimistic, so an empty model dispatches
@@ -174,13 +180,13 @@ class LengthModel:
     #   99^2/4); 25/64 = 0.390625 holds for any MIN_SAMPLES and keeps a margin over float rounding.
     VAR_BOUND = 25 / 64
 
-    def moment_bounds(self, streamed):
+    def moment_bounds(self, streamed: float) -> tuple[float, float]:
         """Upper bounds of final_moments(streamed): (mean, variance); see the proof above. The
         first does not decrease, the second does not increase, as `streamed` grows."""
         a = max(0, int(streamed)) + 1
         return float(max(self.max_tokens, a)), self.VAR_BOUND * float(max(self.largest - a, 0)) ** 2
 
-    def expected_final(self, streamed):
+    def expected_final(self, streamed: float) -> float:
         """Expected final length of a request that has produced `streamed` tokens so far."""
         return self.final_moments(streamed)[0]
 
@@ -230,7 +236,7 @@ class CensoredLengths:
         self.points, self.w, self.m, self.q = points, w, m, q
         self.built_n = model.n
 
-    def freeze(self):
+    def freeze(self) -> None:
         """Arrays for sum_moments: the support, its suffix sums, and the finished lengths' counts beyond
         each length as they are now (what model.beyond gives)."""
         model = self.model
@@ -247,7 +253,7 @@ class CensoredLengths:
             self.a_mean = np.where(self.a_w > 1e-12, self.a_m / self.a_w, 0.0)
             self.a_var = np.maximum(0.0, np.where(self.a_w > 1e-12, self.a_q / self.a_w, 0.0) - self.a_mean**2)
 
-    def sum_moments(self, inflight_streamed):
+    def sum_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float]:
         """(sum of means, sum of variances) of final_moments over the requests in flight, vectorized: the
         same estimate and the same blend with the prior (LengthModel.blend)."""
         if not len(inflight_streamed):
@@ -275,7 +281,7 @@ class CensoredLengths:
         mean = np.minimum(np.maximum(mean, k + 1.0), cap)
         return float(mean.sum()), float(var.sum())
 
-    def final_moments(self, streamed):
+    def final_moments(self, streamed: float) -> tuple[float, float]:
         """Mean and variance of the final length of a request that has produced `streamed` tokens."""
         k = max(0, int(streamed))
         j = bisect.bisect_right(self.points, k)
@@ -322,12 +328,12 @@ class DispatchPolicy:
         self.model = model
         self.careful_allowed = careful
 
-    def expected_total(self, journaled_tokens, inflight_streamed):
+    def expected_total(self, journaled_tokens: int, inflight_streamed: Sequence[float]) -> tuple[float, float]:
         """Expected final kept tokens and the variance of that total (LengthModel.inflight_moments)."""
         mean, var = self.model.inflight_moments(inflight_streamed)
         return float(journaled_tokens) + mean, var
 
-    def careful(self):
+    def careful(self) -> bool:
         """Whether one response's spread (the finished lengths' standard deviation; before MIN_SAMPLES
         of them, half of max_tokens) exceeds CAREFUL_SHARE of the budget."""
         m = self.model
@@ -340,7 +346,7 @@ class DispatchPolicy:
             spread = m.max_tokens / 2
         return spread > self.CAREFUL_SHARE * self.budget
 
-    def total_bound(self, journaled_tokens, inflight_streamed, z=None):
+    def total_bound(self, journaled_tokens: int, inflight_streamed: Sequence[float], z: float | None = None) -> float:
         """An upper bound of the rule's  journaled + sum(E) + Z * sqrt(sum(Var))  without the
         per-request moments: LengthModel.moment_bounds bounds each request's mean by its value at
         the largest `streamed` in flight (it does not decrease in streamed) and each variance by
@@ -353,7 +359,7 @@ class DispatchPolicy:
         var_hi = self.model.moment_bounds(min(inflight_streamed))[1]
         return journaled_tokens + n * mean_hi + (self.Z if z is None else z) * math.sqrt(n * var_hi)
 
-    def may_dispatch(self, journaled_tokens, inflight_streamed):
+    def may_dispatch(self, journaled_tokens: int, inflight_streamed: Sequence[float]) -> bool:
         if journaled_tokens >= self.budget:
             return False
         z = self.Z
@@ -369,5 +375,5 @@ class DispatchPolicy:
         return mean + z * math.sqrt(var) < self.budget
 
 
-def overshoot_pct(kept, budget):
+def overshoot_pct(kept: int, budget: int) -> float:
     return 100.0 * (kept - budget) / budget if budget else math.nan

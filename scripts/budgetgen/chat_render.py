@@ -6,7 +6,15 @@ directly, without apply_chat_template's per-call overhead, behind a spot check a
 apply_chat_template on every batch (any difference turns the shortcut off).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from budgetgen.turn_format import TurnFormat, as_parts, prepare_messages
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 
 class ChatRenderer:
@@ -34,7 +42,8 @@ class ChatRenderer:
 
         return not renders(conv) and renders(as_parts(conv))
 
-    def render(self, conversations, add_generation_prompt, kwargs):
+    def render(self, conversations: Sequence[list[dict[str, Any]]], add_generation_prompt: bool,
+               kwargs: Mapping[str, Any]) -> tuple[list[str | None], str | None]:
         """Render each conversation to text; failures become None (with the first error's text)."""
         if self.content_parts:
             conversations = [as_parts(conv) for conv in conversations]

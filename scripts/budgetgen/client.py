@@ -26,18 +26,26 @@ other than stop/length/tool_calls (e.g. `abort`: the engine dropped the request)
 response is not what the model would have generated.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
 import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
 from .endpoints import EndpointPool, ServerCheck, StreamWatchdog
 from .engines import Dialect, dialect
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +79,11 @@ class PermanentError(Exception):
         self.message = message
 
 
-def is_transient_status(status):
+def is_transient_status(status: int) -> bool:
     return status in TRANSIENT_STATUS or 500 <= status <= 599
 
 
-def parse_retry_after(value):
+def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -84,7 +92,8 @@ def parse_retry_after(value):
         return None  # HTTP-date form: fall back to our own backoff
 
 
-def backoff_delay(attempt, base=0.5, cap=30.0, retry_after=None, rng=random):
+def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, retry_after: float | None = None,
+                  rng: random.Random | ModuleType = random) -> float:
     """Exponential backoff with full jitter; a server's Retry-After is honoured as a floor."""
     delay = rng.uniform(0, min(cap, base * (2 ** attempt)))
     if retry_after is not None:
@@ -117,7 +126,7 @@ class StreamedResponse:
         self.finish, self.usage, self.model = None, None, ""
         self.events = self.counted = self.chars = 0
 
-    def feed(self, chunk, data):
+    def feed(self, chunk: dict[str, Any], data: str) -> None:
         engine = self.engine
         if engine.is_error_chunk(chunk):
             self._error(chunk, data)
@@ -172,7 +181,7 @@ class StreamedResponse:
             raise PermanentError(status, msg)
         raise TransientError(f"server error mid-stream: {msg}")
 
-    def result(self):
+    def result(self) -> ChatResult:
         if self.finish is None:
             raise TransientError("stream ended without finish_reason")
         if self.finish not in COMPLETE_FINISH_REASONS:
@@ -219,12 +228,12 @@ class TokenRate:
         self.chars = 0
         self.tokens = 0
 
-    def observe(self, chars, tokens):
+    def observe(self, chars: int, tokens: int) -> None:
         if tokens > 0:
             self.chars += chars
             self.tokens += tokens
 
-    def tokens_in(self, chars):
+    def tokens_in(self, chars: int) -> int:
         if self.tokens < self.MIN_TOKENS:
             return max(1, round(chars / self.PRIOR_CHARS_PER_TOKEN))
         return max(1, round(chars * self.tokens / max(1, self.chars)))
@@ -260,25 +269,27 @@ class ChatClient:
         self.watchdog = StreamWatchdog(self.timeout_s, self.checker.endpoint)
 
     @property
-    def last_byte(self):
+    def last_byte(self) -> float:
         """When any stream of this client last received a line (monotonic seconds)."""
         return max(e.last_byte for e in self.pool.endpoints)
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         self.watchdog.close()
         self.pool.close()
         await self.http.aclose()
         await self.probe_http.aclose()
 
     @property
-    def urls(self):
+    def urls(self) -> list[str]:
         return [e.base_url for e in self.pool.endpoints]
 
-    async def check_server(self, wait_s=0.0):
+    async def check_server(self, wait_s: float = 0.0) -> list[str] | None:
         """Every endpoint serves the model (ServerCheck.all): the served model list."""
         return await self.checker.all(self.pool, wait_s)
 
-    async def chat(self, messages, params, on_token=None, want_ids=False, affinity=None):
+    async def chat(self, messages: list[dict[str, Any]], params: Mapping[str, Any],
+                   on_token: Callable[[int], object] | None = None, want_ids: bool = False,
+                   affinity: str | None = None) -> ChatResult:
         """Stream one chat completion on the least-loaded endpoint (or the one of its `affinity` key:
         EndpointPool.acquire); see _chat."""
         ep = await self.pool.acquire(affinity)
@@ -300,7 +311,8 @@ class ChatClient:
             self.watchdog.forget(st)
             await self.pool.release(ep)
 
-    def request_body(self, messages, params, want_ids=False):
+    def request_body(self, messages: list[dict[str, Any]], params: Mapping[str, Any],
+                     want_ids: bool = False) -> dict[str, Any]:
         """The chat request: the model, the messages, streaming with usage (the dialect's stream options),
         the sampling parameters, extra_body, and the dialect's ids fields when ids are wanted."""
         body = {"model": self.model, "messages": messages, "stream": True,

@@ -18,7 +18,14 @@
 Resource's profile text is its `.raw` (`"'cpu'"`, `1440 * attempt`).
 """
 
+from __future__ import annotations
+
 import shlex
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 PLACEHOLDER_ACCOUNTS = ("CHANGE_ME",)
 _PARALLEL_FLAGS = (
@@ -29,7 +36,7 @@ _PARALLEL_FLAGS = (
 _GPU_KEYS = ("gres", "gpu", "gpus", "gpus_per_task", "gpus_per_node")
 
 
-def launch_gpus(template):
+def launch_gpus(template: str | None) -> int:
     """GPUs a launched server uses: the product of its tensor-, pipeline- and data-parallel sizes in the
     launch template (SGLang's and vLLM's flag names, `--flag N` or `--flag=N`), 1 for each not given."""
     try:
@@ -50,7 +57,7 @@ def launch_gpus(template):
     return total
 
 
-def inference_resources(config):
+def inference_resources(config: dict[str, Any]) -> dict[str, int | str]:
     """The inference rule's resources (besides server_slots), from the server mode."""
     server = config["server"]
     if not server.get("launch"):
@@ -63,7 +70,7 @@ def inference_resources(config):
     return out
 
 
-def profile_value(resource):
+def profile_value(resource: object) -> str:
     """A profile resource's text without the quotes of a Python string literal (`'cpu'` -> cpu), or the
     expression (`1440 * attempt`); a plain value as it is."""
     raw = getattr(resource, "raw", resource)
@@ -75,7 +82,8 @@ def profile_value(resource):
     return text
 
 
-def profile_problem(config, default_resources, set_resources):
+def profile_problem(config: dict[str, Any], default_resources: Mapping[str, object] | None,
+                    set_resources: Mapping[str, Mapping[str, object]] | None) -> str | None:
     """One line naming the profile key, or None."""
     defaults = dict(default_resources or {})
     inference = dict((set_resources or {}).get("inference") or {})
@@ -94,7 +102,8 @@ def profile_problem(config, default_resources, set_resources):
     return None
 
 
-def request_line(config, default_resources, set_resources):
+def request_line(config: dict[str, Any], default_resources: Mapping[str, object] | None,
+                 set_resources: Mapping[str, Mapping[str, object]] | None) -> str:
     """`inference jobs ask for: ...`: the rule's resources under the profile's (set-resources win over the
     rule's, the rule's over default-resources), with the server mode that decided them."""
     own = inference_resources(config)

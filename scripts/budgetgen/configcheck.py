@@ -11,9 +11,18 @@
   key read by the target's chat template (budgetgen.template_check).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import yaml
 
 from .settings import dataset_mixture, generation_setting
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
 _MERGE = "tag:yaml.org,2002:merge"
 _MESSAGE_MAX = 300
@@ -23,7 +32,7 @@ TEMPLATE_CHECK_CACHE = ".snakemake/budgetgen/template_check"
 PROMPTS_CHECK_CACHE = ".snakemake/budgetgen/prompts_check.json"
 
 
-def duplicate_key(path):
+def duplicate_key(path: str | os.PathLike) -> str | None:
     """The first duplicate mapping key in a YAML/JSON config file, as a message; None if there is none.
 
     A file that cannot be read or parsed gives None: snakemake reports it on its own.
@@ -63,7 +72,7 @@ def duplicate_key(path):
     return walk(root, "")
 
 
-def schema_error(config, schema_path):
+def schema_error(config: object, schema_path: str | os.PathLike) -> str | None:
     """The most relevant schema violation of config, as `config key KEY: reason`; None if valid."""
     import jsonschema
     from jsonschema.exceptions import best_match
@@ -106,7 +115,8 @@ def schema_error(config, schema_path):
     return f"config key {'.'.join(path) or '(top level)'}: {message}"
 
 
-def not_found(key, path, configfiles=(), what="file not found"):
+def not_found(key: str, path: str, configfiles: Iterable[str | os.PathLike] = (),
+              what: str = "file not found") -> str:
     """The one line of a path in the config that does not exist: which directory a relative path was read
     from (the working directory: snakemake -d), and whether it exists beside a config file instead."""
     import os
@@ -122,7 +132,7 @@ def not_found(key, path, configfiles=(), what="file not found"):
     return line + ")"
 
 
-def config_problem(config, configfiles=()):
+def config_problem(config: dict[str, Any], configfiles: Iterable[str | os.PathLike] = ()) -> str | None:
     """What a schema cannot check, as one line naming the key, or None: server.engine and
     server.return_token_ids agree (budgetgen.engines), the files a dataset names
     exist (a relative path from the working directory; `configfiles`: the config files given, named in
@@ -158,7 +168,7 @@ def config_problem(config, configfiles=()):
     return prompts_problem(config, PROMPTS_CHECK_CACHE) or template_problem(config, cache_dir=TEMPLATE_CHECK_CACHE)
 
 
-def mixture_problem(config, ds):
+def mixture_problem(config: dict[str, Any], ds: str) -> str | None:
     """A mixture whose shares do not sum to 1, or two of whose cells have the same generation settings
     (one identity: their records could not be told apart), as one line naming the key; else None."""
     where = f"datasets.{ds}.mixture" if config["datasets"][ds].get("mixture") else "generation.mixture"
@@ -177,7 +187,7 @@ def mixture_problem(config, ds):
     return None
 
 
-def api_key_warning(config, environ):
+def api_key_warning(config: dict[str, Any], environ: Mapping[str, str]) -> str | None:
     """A warning line when server.api_key_env names a variable that is not set, else None."""
     env = config["server"].get("api_key_env")
     if env and not environ.get(env):
@@ -185,7 +195,7 @@ def api_key_warning(config, environ):
     return None
 
 
-def identical_samples_warning(config):
+def identical_samples_warning(config: dict[str, Any]) -> str | None:
     """A warning line per dataset whose samples_per_prompt > 1 would give identical samples (greedy
     decoding, or a fixed sampling seed in extra_body), else None."""
     lines = []
@@ -201,7 +211,7 @@ def identical_samples_warning(config):
     return "\n".join(lines) or None
 
 
-def small_lane_warning(config):
+def small_lane_warning(config: dict[str, Any]) -> str | None:
     """A warning line per dataset with a lane (a mixture cell in a split; budgetgen.mixture) whose budget line
     is under 2 x its cell's max_tokens: one response can add up to max_tokens past such a line (met means
     tokens >= the line), so the lane may end far above it, or take the few prompts of a small split
@@ -218,7 +228,7 @@ def small_lane_warning(config):
     return "\n".join(lines) or None
 
 
-def tokenizer_problem(name):
+def tokenizer_problem(name: str) -> str | None:
     """Why tokenizer.path cannot be loaded (as turn_format.load_tokenizer decides), or None: a folder,
     or a hub name (org/model) already in the local Hugging Face cache."""
     import os

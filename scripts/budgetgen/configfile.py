@@ -3,16 +3,25 @@ and tools: validated against schemas/config.schema.yaml with its defaults filled
 with the config Snakemake loaded, one line on any problem (budgetgen.configcheck). Imports
 budgetgen.configcheck and budgetgen.settings; neither imports this module."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from .configcheck import duplicate_key, schema_error
 from .errors import UserError
+
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from snakemake.iocontainers import Namedlist
 
 SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "schemas", "config.schema.yaml")
 
 
-def load_config(path):
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """A config file, validated and with the schema's defaults filled in; one line on any problem."""
     import yaml
 
@@ -32,7 +41,7 @@ def load_config(path):
     return config
 
 
-def add_dataset_arguments(ap):
+def add_dataset_arguments(ap: argparse.ArgumentParser) -> None:
     """--config FILE --dataset D [-d DIR] [--path NAME=FILE ...]: how an entry point names its dataset's
     settings, and the files a rule declared for it (settings.DatasetPaths.with_files)."""
     ap.add_argument("--config", required=True, help="the workflow's config file (config.yaml)")
@@ -45,7 +54,7 @@ def add_dataset_arguments(ap):
                          "snakemake -d (default: the current directory)")
 
 
-def declared_files(args):
+def declared_files(args: argparse.Namespace) -> dict[str, str]:
     """{name: file} of the --path NAME=FILE arguments."""
     files = {}
     for item in args.path:
@@ -56,7 +65,7 @@ def declared_files(args):
     return files
 
 
-def snakemake_paths(*named):
+def snakemake_paths(*named: Namedlist) -> list[str]:
     """The `--path NAME=FILE` argv of a rule's named inputs and outputs (snakemake's Namedlists) that are
     files of a dataset (settings.DatasetPaths' fields): the files the script reads and writes are the
     rule's declared ones."""
@@ -71,7 +80,7 @@ def snakemake_paths(*named):
     return argv
 
 
-def dataset_config(args, config=None):
+def dataset_config(args: argparse.Namespace, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The validated config for args (add_dataset_arguments), or `config` as Snakemake hands it over;
     changes to args.directory; one line if args.dataset is not one of its datasets."""
     config = config if config is not None else load_config(os.path.abspath(args.config))

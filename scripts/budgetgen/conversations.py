@@ -33,7 +33,16 @@ turn k ends it at k-1 (its first missing turn failed under the current request p
 status, the inference job and the summary count generations left the same way, through here.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Container, Iterable, Mapping
+    from typing import Any
+
+    from .prompts import Prompt
 
 TURNS = ("last", "all")
 
@@ -47,7 +56,7 @@ class Plan:
 
 
 
-def segments(messages):
+def segments(messages: Iterable[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
     """The user turns of a conversation: a list of message lists, each ending with a user message,
     the dataset's assistant answers between them left out (see the module docstring)."""
     out, current, seen_user = [], [], False
@@ -68,7 +77,7 @@ def segments(messages):
     return out
 
 
-def history_message(message, history_reasoning):
+def history_message(message: Mapping[str, Any], history_reasoning: str) -> dict[str, Any]:
     """An earlier answer as it is sent back to the server."""
     m = {"role": "assistant", "content": message.get("content") or ""}
     if history_reasoning == "keep" and message.get("reasoning_content"):
@@ -88,30 +97,30 @@ class Chain:
     plan: Plan
 
     @property
-    def n_turns(self):
+    def n_turns(self) -> int:
         return len(self.turn_segments)
 
-    def turn_id(self, k):
+    def turn_id(self, k: int) -> str:
         """The journal id of turn k (1-based)."""
         return self.id if self.plan.turns == "last" else f"{self.id}/t{k}"
 
-    def ids(self):
+    def ids(self) -> list[str]:
         return [self.turn_id(k) for k in range(1, self.n_turns + 1)]
 
-    def turn_index(self, k):
+    def turn_index(self, k: int) -> int:
         """The turn a row belongs to: k of n (turns: all); the prompt's own count (turns: last)."""
         if self.plan.turns == "all":
             return k
         return len(segments(self.messages))
 
-    def where(self, k):
+    def where(self, k: int) -> dict[str, str | int]:
         """What a record of turn k says of its place: conversation id, source prompt, turn (and sample)."""
         w = {"conversation_id": self.id, "prompt_id": self.prompt_id, "turn": self.turn_index(k)}
         if self.plan.samples > 1:
             w["sample"] = self.sample
         return w
 
-    def request(self, k, previous=None):
+    def request(self, k: int, previous: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """The messages of turn k's request; `previous`: turn k-1's journal record (k > 1)."""
         if k == 1:
             return [dict(m) for m in self.turn_segments[0]]
@@ -121,7 +130,7 @@ class Chain:
                    for m in previous["messages"]]
         return history + [dict(m) for m in self.turn_segments[k - 1]]
 
-    def first_missing(self, journaled_ids):
+    def first_missing(self, journaled_ids: Container[str]) -> int | None:
         """The first turn not journaled (turns are made in order), or None when all are."""
         for k in range(1, self.n_turns + 1):
             if self.turn_id(k) not in journaled_ids:
@@ -129,7 +138,7 @@ class Chain:
         return None
 
 
-def record_place(rid, record):
+def record_place(rid: object, record: Mapping[str, Any]) -> tuple[str, int]:
     """(conversation id, turn index) of a journal record: as the record says, else (records written
     before they said) the record's id and the count of its prompt's user turns."""
     conv = record.get("conversation_id")
@@ -139,7 +148,7 @@ def record_place(rid, record):
     return (str(conv) if conv is not None else str(rid)), turn
 
 
-def record_prompt_id(rid, record):
+def record_prompt_id(rid: object, record: Mapping[str, Any]) -> str:
     """The source prompt of a journal record (shared by its samples and turns): as the record says, else
     (records written before they said) its conversation less the sample suffix."""
     pid = record.get("prompt_id")
@@ -150,7 +159,7 @@ def record_prompt_id(rid, record):
     return conv[: -len(suffix)] if suffix and conv.endswith(suffix) else conv
 
 
-def chains(prompt_list, plan):
+def chains(prompt_list: Iterable[Prompt], plan: Plan) -> list[Chain]:
     """The chains of a prompt set, in prompt order."""
     out = []
     for p in prompt_list:
@@ -173,11 +182,11 @@ class Left:
     chains_ended_by_error: int = 0
 
     @property
-    def to_ask(self):
+    def to_ask(self) -> int:
         return self.remaining - self.blocked
 
 
-def left(chain_list, journaled_ids, errored_ids=()):
+def left(chain_list: Iterable[Chain], journaled_ids: Container[str], errored_ids: Iterable[str] = ()) -> Left:
     """What is left of the chains, given the journaled ids and the ids failed permanently (under the
     params that count; see the module docstring)."""
     errored_ids = set(errored_ids)

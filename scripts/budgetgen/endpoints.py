@@ -6,13 +6,19 @@ before its first byte a stream waits while its endpoint is alive (a byte on any 
 timeout_s, else GET /models answers).
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ class StreamWatchdog:
         self.streams = set()
         self.task = None
 
-    def watch(self, ep):
+    def watch(self, ep: Endpoint) -> _Stream:
         """Register the current task's stream on ep; starts the watchdog on first use."""
         if self.task is None:
             self.task = asyncio.create_task(self._run())
@@ -52,10 +58,10 @@ class StreamWatchdog:
         self.streams.add(st)
         return st
 
-    def forget(self, st):
+    def forget(self, st: _Stream) -> None:
         self.streams.discard(st)
 
-    def close(self):
+    def close(self) -> None:
         if self.task:
             self.task.cancel()
 
@@ -105,7 +111,7 @@ class Endpoint:
         self.last_byte = time.monotonic()  # when a stream of this endpoint last received a line
         self.probing = None  # a liveness probe in progress (the watchdog's)
 
-    def has_room(self):
+    def has_room(self) -> bool:
         return not self.max_inflight or self.inflight < self.max_inflight
 
 
@@ -124,7 +130,7 @@ class EndpointPool:
         self.probes = {}  # endpoint -> probe task
         self.affinity = {}  # affinity key (a conversation) -> the endpoint its requests went to
 
-    def pick(self, key=None):
+    def pick(self, key: str | None = None) -> Endpoint | None:
         """The endpoint the next request goes to, or None if every one is at its cap (or, for an
         affinity key, its own endpoint is: the request waits for room there)."""
         own = self.affinity.get(key) if key is not None else None
@@ -135,7 +141,7 @@ class EndpointPool:
         pool = healthy or ready
         return min(pool, key=lambda e: e.inflight) if pool else None  # min() keeps config order on ties
 
-    async def acquire(self, key=None):
+    async def acquire(self, key: str | None = None) -> Endpoint:
         """An endpoint for one request. Requests with the same affinity `key` (the turns of one
         conversation) go to the endpoint the first one went to, whose prefix cache holds their
         history, while it is healthy; when it is out, to another, which they then stay with."""
@@ -148,17 +154,17 @@ class EndpointPool:
                 self.affinity[key] = ep
             return ep
 
-    def forget(self, key):
+    def forget(self, key: str) -> None:
         """The conversation `key` is finished: no endpoint to keep for it."""
         self.affinity.pop(key, None)
 
-    async def release(self, ep):
+    async def release(self, ep: Endpoint) -> None:
         async with self.room:
             ep.inflight -= 1
             # every waiter: one waiting for its own conversation's endpoint may not be able to use this one
             self.room.notify_all()
 
-    def take_out(self, ep, reason, probe):
+    def take_out(self, ep: Endpoint, reason: str, probe: Callable[[Endpoint], Awaitable[object]]) -> None:
         """Mark ep unhealthy and start probing it with `probe(ep)` (an async check) until it answers."""
         if not ep.healthy or len(self.endpoints) == 1:
             return  # one server: nothing to fail over to; the retry loop handles it
@@ -180,7 +186,7 @@ class EndpointPool:
                 self.room.notify_all()
             return
 
-    def close(self):
+    def close(self) -> None:
         for task in self.probes.values():
             task.cancel()
         self.probes.clear()
@@ -192,7 +198,7 @@ class ServerCheck:
     def __init__(self, http, model, engine):
         self.http, self.model, self.engine = http, model, engine
 
-    async def all(self, pool, wait_s=0.0):
+    async def all(self, pool: EndpointPool, wait_s: float = 0.0) -> list[str] | None:
         """Check every endpoint: each must serve the model. Unreachable ones are taken out (probed later)
         as long as one answers; if none does within wait_s, one line naming the URL(s)."""
         deadline = time.monotonic() + wait_s
@@ -215,7 +221,7 @@ class ServerCheck:
             pool.take_out(ep, str(exc), self.endpoint)
         return served
 
-    async def endpoint(self, ep):
+    async def endpoint(self, ep: Endpoint) -> list[str] | None:
         """GET /models of one endpoint: the served model list, or None for a server without that route."""
         url = f"{ep.base_url}/models"
         try:

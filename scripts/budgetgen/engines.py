@@ -25,6 +25,8 @@ read; the README's engine table says what was read where):
 Adding an engine: README, "Adding an engine".
 """
 
+from __future__ import annotations
+
 import json
 from dataclasses import dataclass
 
@@ -56,28 +58,28 @@ class Dialect:
             options["continuous_usage_stats"] = True
         return options
 
-    def reasoning(self, delta: dict):
+    def reasoning(self, delta: dict) -> str | None:
         """The reasoning text of one delta, or None."""
         for name in self.reasoning_fields:
             if delta.get(name):
                 return delta[name]
         return None
 
-    def chunk_ids(self, chunk: dict):
+    def chunk_ids(self, chunk: dict) -> tuple[list[int] | None, list[int] | None]:
         """(prompt ids, generated ids) a chunk carries at its top level (None where it carries none);
         generated ids here are the whole response's."""
         return None, None
 
-    def choice_ids(self, choice: dict):
+    def choice_ids(self, choice: dict) -> tuple[list[int] | None, list[int] | None]:
         """(prompt ids, generated ids of this chunk) a choice carries (None where it carries none)."""
         return None, None
 
-    def refused_field(self, message: str):
+    def refused_field(self, message: str) -> str | None:
         """The ids field an error message names (a server refusing it), or None."""
         return next((f for f in self.ids_fields if f in message), None)
 
     @staticmethod
-    def error_status(obj):
+    def error_status(obj: object) -> int | None:
         """The HTTP-like status of an error object (`{"error": {"code": 400, ...}}`, SGLang's
         `{"object": "error", "code": 400}`), or None."""
         err = obj.get("error") if isinstance(obj, dict) else None
@@ -92,7 +94,7 @@ class Dialect:
         return None
 
     @staticmethod
-    def error_message(body) -> str:
+    def error_message(body: str | bytes) -> str:
         """An error body's message, at most 300 characters."""
         try:
             obj = json.loads(body)
@@ -109,15 +111,15 @@ class Dialect:
 
 
 class VLLM(Dialect):
-    def chunk_ids(self, chunk):
+    def chunk_ids(self, chunk: dict) -> tuple[list[int] | None, list[int] | None]:
         return chunk.get("prompt_token_ids") or None, None
 
-    def choice_ids(self, choice):
+    def choice_ids(self, choice: dict) -> tuple[list[int] | None, list[int] | None]:
         return choice.get("prompt_token_ids") or None, choice.get("token_ids") or None
 
 
 class SGLang(Dialect):
-    def chunk_ids(self, chunk):
+    def chunk_ids(self, chunk: dict) -> tuple[list[int] | None, list[int] | None]:
         ext = chunk.get("sglext")
         if not isinstance(ext, dict):
             return None, None
@@ -150,7 +152,7 @@ def dialect(name: str) -> Dialect:
     return DIALECTS[name]
 
 
-def resolve(server: dict):
+def resolve(server: dict) -> tuple[str, bool]:
     """(engine name, ids wanted) from the validated `server` section: `server.engine` (auto: the engine
     `return_token_ids` names, true meaning vLLM's; else openai) and whether ids are asked for."""
     ids = server.get("return_token_ids") or False
@@ -161,7 +163,7 @@ def resolve(server: dict):
     return engine, bool(ids)
 
 
-def engine_problem(server: dict):
+def engine_problem(server: dict) -> str | None:
     """One line where `server.engine` and `server.return_token_ids` disagree, or the engine sends no ids;
     else None."""
     ids = server.get("return_token_ids") or False

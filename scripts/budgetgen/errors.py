@@ -1,7 +1,16 @@
 """User-facing errors: one line, naming the file and line, the config key or the URL."""
 
+from __future__ import annotations
+
 import errno
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any, NoReturn, TextIO
+
+    from snakemake.iocontainers import Snakemake
 
 
 class UserError(Exception):
@@ -10,7 +19,7 @@ class UserError(Exception):
     exit_code = 2
 
 
-def run_main(main, argv=None):
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> NoReturn:
     """Run an entry point's main(); turn UserError into `error: ...` on stderr and exit 2."""
     from .failures import note_cause
 
@@ -76,13 +85,14 @@ class _Tee:
 _TERMINAL = None
 
 
-def terminal():
+def terminal() -> TextIO | None:
     """The stream of the run's terminal while stdout/stderr go to a rule's log (entry_point under
     Snakemake), else None (run from the command line, the log lines are on the terminal already)."""
     return _TERMINAL
 
 
-def entry_point(main, argv_from_snakemake, namespace, config_from_snakemake=False):
+def entry_point(main: Callable[..., int | None], argv_from_snakemake: Callable[[Snakemake], Iterable[object]],
+                namespace: dict[str, Any], config_from_snakemake: bool = False) -> None:
     """Run an entry point from the command line or from a Snakemake `script:` directive.
 
     Under Snakemake the rule's input/output/params/config become explicit argv (built by

@@ -28,6 +28,8 @@ under export/validation/.
 All appear atomically (written under a temporary name, then renamed).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import shutil
@@ -39,7 +41,7 @@ from budgetgen.fsutil import atomic_output
 from budgetgen.raw_records import record_cell, record_split
 
 
-def to_specforge(raw_path, out_path, split="train"):
+def to_specforge(raw_path: str | os.PathLike, out_path: str | os.PathLike, split: str = "train") -> int:
     """raw_responses.jsonl -> SpecForge conversations JSONL of the records of `split` (a record without
     one is train); returns the record count."""
     n = 0
@@ -65,7 +67,7 @@ def to_specforge(raw_path, out_path, split="train"):
     return n
 
 
-def to_hf_dataset(tokenized_path, out_dir):
+def to_hf_dataset(tokenized_path: str | os.PathLike, out_dir: str | os.PathLike) -> int:
     """tokenized.arrow -> a save_to_disk folder with attention_mask added; returns the row count."""
     from datasets import Dataset
 
@@ -84,7 +86,7 @@ def to_hf_dataset(tokenized_path, out_dir):
 PRETOKENIZED_FIELDS = ("id", "input_ids", "loss_mask")  # and `cell`, where the rows have it
 
 
-def to_pretokenized_jsonl(tokenized_path, out_path):
+def to_pretokenized_jsonl(tokenized_path: str | os.PathLike, out_path: str | os.PathLike) -> int:
     """tokenized.arrow -> pre-tokenized JSON Lines (`id`, `input_ids`, `loss_mask`); returns the row
     count. Streams one record batch at a time (memory: one batch, never the dataset), writes under a
     temporary name and renames it into place when whole."""

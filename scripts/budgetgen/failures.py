@@ -10,38 +10,44 @@ record as it starts. A job killed by a signal (SIGKILL, out of memory, a cluster
 nothing: the summary line says so.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 FAILED_DIR = ".snakemake/budgetgen/failed"
 
 _cause = None
 
 
-def note_cause(text):
+def note_cause(text: object) -> None:
     """The one-line cause of a nonzero exit the job is about to make (the last one noted wins)."""
     global _cause
     _cause = " ".join(str(text).split())
 
 
-def noted_cause():
+def noted_cause() -> str | None:
     return _cause
 
 
-def record_path(rule, wildcards):
+def record_path(rule: str, wildcards: Iterable[object]) -> str:
     name = ".".join([rule, *(str(v) for v in wildcards)]) or rule
     return os.path.join(FAILED_DIR, "".join(c if c.isalnum() or c in "._-" else "_" for c in name) + ".json")
 
 
-def clear(rule, wildcards):
+def clear(rule: str, wildcards: Iterable[object]) -> None:
     try:
         os.unlink(record_path(rule, wildcards))
     except FileNotFoundError:
         pass
 
 
-def record(rule, wildcards, cause, log):
+def record(rule: str, wildcards: Sequence[object], cause: str, log: str | None) -> None:
     """Write a failed job's record (atomically: whole or absent)."""
     from .fsutil import write_json_atomic
 
@@ -51,7 +57,7 @@ def record(rule, wildcards, cause, log):
         "at": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
-def reset():
+def reset() -> None:
     """onstart: forget the records of earlier runs."""
     if os.path.isdir(FAILED_DIR):
         for name in os.listdir(FAILED_DIR):
@@ -59,7 +65,7 @@ def reset():
                 os.unlink(os.path.join(FAILED_DIR, name))
 
 
-def summary_lines(keep_going):
+def summary_lines(keep_going: bool) -> list[str]:
     """The lines onerror prints: one per failed job with a record (sorted by rule and wildcards), then
     one with the count (and, without records, where to look), and whether the other jobs went on."""
     records = []

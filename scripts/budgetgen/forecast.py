@@ -5,6 +5,8 @@ tokenizer.forecast_dtype_bytes (2, bf16). The model's shape is read from its con
 (tokenizer.model_config, or config.json in the tokenizer folder when that is the model's folder);
 a multimodal config's text_config is read when the top level has no hidden_size."""
 
+from __future__ import annotations
+
 import functools
 import json
 import os
@@ -22,7 +24,8 @@ class DumpShape:
     source: str
 
     @classmethod
-    def from_config_file(cls, path, aux_layers=3, dtype_bytes=2, required=False):
+    def from_config_file(cls, path: str | os.PathLike, aux_layers: int = 3, dtype_bytes: int = 2,
+                         required: bool = False) -> DumpShape | None:
         """The shape from a config.json; None when the file is absent and not `required`
         (tokenizer.model_config names it), one line naming the file and key otherwise."""
         try:
@@ -50,20 +53,21 @@ class DumpShape:
 
     @classmethod
     @functools.lru_cache(maxsize=8)
-    def read(cls, path, aux_layers=3, dtype_bytes=2, required=False):
+    def read(cls, path: str | os.PathLike, aux_layers: int = 3, dtype_bytes: int = 2,
+             required: bool = False) -> DumpShape | None:
         """from_config_file, read once per process (the settings of every dataset name the same file)."""
         return cls.from_config_file(path, aux_layers, dtype_bytes, required)
 
-    def bytes_for(self, tokens):
+    def bytes_for(self, tokens: float) -> int:
         """Bytes of the dump of `tokens` row tokens."""
         return int(tokens) * self.captured_layers * self.hidden_size * self.dtype_bytes
 
-    def describe(self):
+    def describe(self) -> str:
         return (f"{self.captured_layers} layers x hidden {self.hidden_size} x {self.dtype_bytes} B "
                 f"(from {self.source})")
 
 
-def human_bytes(n):
+def human_bytes(n: float) -> str:
     """1.17 GB style (decimal units, as disks are sold)."""
     n = float(n)
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):

@@ -39,9 +39,19 @@ resume, "exhausted", finalize and tokenize all count through it. A journal with 
 has nothing to refuse: errors hold only under the identity that produced them.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+    from .conversations import Plan
+    from .journal import IdentityCount
 
 POLICIES = ("refuse", "regenerate", "extend")
 SHA_LEN = 16
@@ -62,7 +72,8 @@ def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def request_params(model, max_tokens, temperature=None, top_p=None, extra_body=None):
+def request_params(model: str, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
+                   extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request parameters that affect content, as journaled with every response and error (each
     record's `params`): {"model", "max_tokens", "temperature"?, "top_p"?, "extra_body"?}, unset values
     left out. A permanent error is tied to the parameters that produced it, so changing a content
@@ -89,7 +100,7 @@ def _request_settings(params):
     return s
 
 
-def settings_of(params, plan):
+def settings_of(params: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """The readable identity settings of the request `params` (request_params: model,
     max_tokens, temperature?, top_p?, extra_body?) under the generation `plan` (conversations.Plan)."""
     s = _request_settings(params)
@@ -100,12 +111,12 @@ def settings_of(params, plan):
     return s
 
 
-def sha_of(settings):
+def sha_of(settings: dict[str, Any]) -> str:
     """The identity sha: the first 16 hex digits of the SHA-256 of the settings as canonical JSON."""
     return hashlib.sha256(_canonical(settings).encode()).hexdigest()[:SHA_LEN]
 
 
-def layout_sha(cells, validation_share, seed):
+def layout_sha(cells: Iterable[tuple[str, str]], validation_share: float, seed: int) -> str:
     """The layout sha of a mixture: what its lanes' counts depend on besides the budget, the cells'
     identities ((name, identity sha), ...) and the validation split (its share, and the seed that
     draws it)."""
@@ -114,7 +125,7 @@ def layout_sha(cells, validation_share, seed):
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:SHA_LEN]
 
 
-def content_key(content):
+def content_key(content: dict[str, Any] | None) -> str:
     """The content key: the SHA-256 of a dataset's content settings (settings.content_settings) as
     stable JSON (key order and number spelling do not matter), recorded in tokenized.arrow."""
     return hashlib.sha256(json.dumps(content or {}, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -129,15 +140,15 @@ class Identity:
     sha: str
 
     @classmethod
-    def of(cls, settings):
+    def of(cls, settings: dict[str, Any]) -> Identity:
         return cls(_canonical(settings), sha_of(settings))
 
     @property
-    def settings(self):
+    def settings(self) -> dict[str, Any]:
         return json.loads(self.settings_json)
 
 
-def legacy_identity(record, configured_samples=1):
+def legacy_identity(record: Mapping[str, Any], configured_samples: int = 1) -> Identity:
     """The identity of a record written before records stored one: the one its params imply."""
     params = record.get("params") if isinstance(record.get("params"), dict) else {}
     settings = _request_settings(params)
@@ -151,7 +162,7 @@ def legacy_identity(record, configured_samples=1):
     return Identity.of(settings)
 
 
-def record_sha(record, where):
+def record_sha(record: Mapping[str, Any], where: str) -> str:
     """The identity sha a parsed journal or error record stores. A record without one (written before
     identities) is refused in one line naming the migration (budgetgen.migration), `where` its FILE:LINE."""
     sha = record.get("identity")
@@ -163,13 +174,13 @@ def record_sha(record, where):
     raise UserError(legacy_line(where))
 
 
-def record_settings(record):
+def record_settings(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """The readable settings a record stores with its identity."""
     settings = record.get("identity_settings")
     return settings if isinstance(settings, dict) else None
 
 
-def differences(old, new):
+def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """`key old -> new` for each setting that differs between two readable settings (nested keys of
     extra_body spelled with dots), in a stable order."""
     def flat(d, prefix=""):
@@ -201,23 +212,23 @@ class Policy:
     layout: str | None = None
 
     @property
-    def identities(self):
+    def identities(self) -> tuple[tuple[str, Identity], ...]:
         """((cell name, Identity), ...): the cells now (one, `default`, for a dataset without a mixture)."""
         return self.cells or (("default", self.current),)
 
     @property
-    def shas(self):
+    def shas(self) -> frozenset[str]:
         return frozenset(i.sha for _, i in self.identities)
 
-    def accepts(self, sha):
+    def accepts(self, sha: str) -> bool:
         return self.on_change == "extend" or sha in self.shas
 
-    def key(self):
+    def key(self) -> dict[str, str | None]:
         """What the status and the done marker record: counts made under another key are not trusted. The
         identity (of the first cell) and, for a mixture, the layout sha of its lanes (layout_sha)."""
         return {"identity": self.current.sha, "layout": self.layout, "on_settings_change": self.on_change}
 
-    def cell_of(self, sha, named=None):
+    def cell_of(self, sha: str, named: str | None = None) -> str:
         """The cell a record of identity `sha` belongs to: the cell of that identity now; else (extend)
         the cell its records name (`named`) when that cell still exists, else the first cell."""
         for name, ident in self.identities:
@@ -226,7 +237,7 @@ class Policy:
         names = [n for n, _ in self.identities]
         return named if named in names else names[0]
 
-    def changes(self, by_identity):
+    def changes(self, by_identity: Mapping[str, IdentityCount]) -> list[str] | None:
         """The settings that differ (`key old -> new`; `cell C: key old -> new` in a mixture) when the
         journal's records (`by_identity`: {sha: journal.IdentityCount}) were made under other settings
         and this policy refuses that, else None (nothing to refuse: regenerate or extend, no records of
@@ -254,7 +265,7 @@ class Policy:
         prefix = f"cell {cell}: " if len(mine) > 1 else ""
         return [prefix + d for d in differences(old, mine[cell].settings)] or [prefix + "settings differ"]
 
-    def refusal(self, dataset, by_identity):
+    def refusal(self, dataset: str, by_identity: Mapping[str, IdentityCount]) -> str | None:
         """The one-line refusal of a settings change (see changes()), or None."""
         changed = self.changes(by_identity)
         if changed is None:

@@ -24,11 +24,14 @@ and here InferenceJob (the dispatch loop, signals) and finish() (the outcome and
 Messages go to the standard `logging` logger of this module.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from . import conversations, journal
 from .budget import overshoot_pct
@@ -43,6 +46,12 @@ from .retries import PermanentErrors, RequestRetries, ServerDown, prove_server
 from .settings import InferenceSettings
 from .state import lanes_state
 from .status import compute_status
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .client import ChatResult
+    from .plan import LaneRun
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +72,7 @@ class InferenceJob:
         self.lock = self.run_state = self.errors = self.progress = self.stop_signal = None
         self.client = self.server = self.writer = self.wake = None
 
-    async def run_one(self, gen, progress):
+    async def run_one(self, gen: Generation, progress: StreamProgress) -> None:
         """Ask one generation (its attempts: ask()) and journal its response."""
         lr, chain = self.run_state.lanes[gen.lane], gen.chain
         messages = chain.request(gen.k, gen.previous)
@@ -74,7 +83,8 @@ class InferenceJob:
         if answer is not None:
             self.record_response(gen, lr, messages, answer[0], t0, answer[1])
 
-    def record_response(self, gen, lr, messages, res, t0, attempts):
+    def record_response(self, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]], res: ChatResult,
+                        t0: float, attempts: int) -> None:
         """Journal one response and count it: the next turn of its conversation joins the head of its lane."""
         rs, chain, gid = self.run_state, gen.chain, gen.id
         self.last_ok = time.monotonic()
@@ -91,7 +101,7 @@ class InferenceJob:
         self.stats.responses += 1
         self.errors.success()
 
-    def fail(self, exc):
+    def fail(self, exc: Exception) -> None:
         """A background task (the fsync clock) died of exc: the dispatch loop is woken and raises it."""
         self.failed = exc
         self.wake.set()
@@ -102,7 +112,7 @@ class InferenceJob:
         self.stop_signal = signum
         self.wake.set()
 
-    async def run(self):
+    async def run(self) -> int:
         s = self.s
         self.lock, self.run_state = prepare(s)
         rs = self.run_state
@@ -121,11 +131,10 @@ class InferenceJob:
             return stopped(self)
         return finish(self)
 
-    async def serve(self):
+    async def serve(self) -> None:
         """Start (a launched server), check the server, dispatch until done or stopped; always closes
         what it opened and cancels what is in flight."""
-        s = self.s
-        progress = None
+        s, progress = self.s, None
         try:
             if self.server:
                 self.server.start()
@@ -155,10 +164,10 @@ class InferenceJob:
                 self.server.stop()
             log_endpoint_requests(self.client)
 
-    def generated_in_flight(self, lane):
+    def generated_in_flight(self, lane: LaneRun) -> list[float]:
         return [p.generated(time.monotonic()) for t, p in self.inflight.items() if self.task_lane[t] is lane]
 
-    async def dispatch_loop(self):
+    async def dispatch_loop(self) -> None:
         s, rs = self.s, self.run_state
         while self.stop_signal is None:
             if self.failed is not None:
@@ -188,7 +197,7 @@ class InferenceJob:
                 if exc is not None:
                     raise exc
 
-    def close(self):
+    def close(self) -> None:
         """Rewrite the status checkpoint's file with the journal's counts as this run leaves it (the
         checkpoint wrote it before the run, and never runs again for it), then release the journal."""
         if not self.lock:
@@ -201,7 +210,8 @@ class InferenceJob:
             self.lock.release()
 
 
-async def ask(job, gen, lr, messages, progress, affinity):
+async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]],
+              progress: StreamProgress, affinity: str | None) -> tuple[ChatResult, int] | None:
     """One generation's attempts: (the response, attempts), or None when it failed permanently (held in
     job.errors) or ran out of retries for this run (deferred)."""
     s, rs, chain, gid = job.s, job.run_state, gen.chain, gen.id
@@ -240,7 +250,7 @@ async def ask(job, gen, lr, messages, progress, affinity):
         return res, retries.attempts + 1
 
 
-def stopped(job):
+def stopped(job: InferenceJob) -> int:
     """The run stopped by a signal: what is held is flushed, the cause noted; the signal's exit status."""
     rs, name = job.run_state, signal.Signals(job.stop_signal).name
     if rs.journaled.records:
@@ -254,7 +264,7 @@ def stopped(job):
     return EXIT_SIGNAL[job.stop_signal]
 
 
-def connect(s):
+def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
     """(client, launched server or None) of a job: the server it launches with server.launch; the API key
     from the environment."""
     api_key = None
@@ -275,12 +285,12 @@ def connect(s):
     return client, server
 
 
-def log_endpoint_requests(client):
+def log_endpoint_requests(client: ChatClient) -> None:
     if len(client.urls) > 1:
         log.info("Requests per endpoint: " + ", ".join(f"{e.base_url} {e.requests}" for e in client.pool.endpoints))
 
 
-def finish(job):
+def finish(job: InferenceJob) -> int:
     """The run's outcome: met, exhausted or partial by its lanes; the done marker only for met or exhausted
     (0), 1 when requests still fail or the budget is short; no response at all is the server's failure."""
     s, rs, stats = job.s, job.run_state, job.stats
@@ -333,7 +343,7 @@ def finish(job):
     return 0
 
 
-def run(settings):
+def run(settings: InferenceSettings) -> int:
     job = InferenceJob(settings)
     try:
         return asyncio.run(job.run())

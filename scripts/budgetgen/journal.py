@@ -20,11 +20,14 @@ the append of a large record leaves one), so the next record can never be glued 
 or not the caller scanned the file with repair=True before.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 from .journal_write import (
@@ -35,6 +38,10 @@ from .journal_write import (
     repair_tail,
     response_record,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
 
 __all__ = ["JournalLock", "JournalWriter", "append_error", "encode_record", "repair_tail", "response_record",
            "whole_lines", "parse_line_fast", "parse_line", "scan", "iter_records", "records_by_id",
@@ -82,7 +89,7 @@ class JournalState:
     id_lane: dict = field(default_factory=dict)  # counted id -> its lane key (scan(lane_of=))
 
 
-def decode_line(raw, path, lineno):
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
     """A whole line's text; a line that is not UTF-8 is corruption from outside: `FILE:LINE: reason`."""
     try:
         return raw.decode("utf-8")
@@ -90,7 +97,7 @@ def decode_line(raw, path, lineno):
         raise UserError(f"{path}:{lineno}: corrupt journal record (not UTF-8 at byte {exc.start})") from None
 
 
-def whole_lines(path, strict_tail=False):
+def whole_lines(path: str | os.PathLike, strict_tail: bool = False) -> Iterator[tuple[int, str]]:
     """The one reader of every append-only file: yield (lineno, line) for each whole, non-blank line.
 
     A torn tail (a last line without its newline: a crash mid-append) is not a record: it is skipped
@@ -112,7 +119,7 @@ def whole_lines(path, strict_tail=False):
                 yield lineno, line
 
 
-def parse_line_fast(line):
+def parse_line_fast(line: str) -> tuple[str, str | None, int] | None:
     """Return (id, identity sha or None, completion_tokens) from one journal line, or None if it is not in
     our layout."""
     head = _ID_HEAD.match(line)
@@ -130,7 +137,7 @@ def parse_line_fast(line):
     return rid, head.group(2), int(tail.group(1))
 
 
-def parse_line(line, where):
+def parse_line(line: str, where: str) -> tuple[str, int, dict[str, Any]]:
     """Full parse of one line: (id, completion_tokens, record)."""
     try:
         rec = json.loads(line)
@@ -146,7 +153,8 @@ def parse_line(line, where):
     return str(rec["id"]), tokens, rec
 
 
-def scan(path, repair=False, accepts=None, lane_of=None):
+def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str], bool] | None = None,
+         lane_of: Callable[[str, str, str | None], str] | None = None) -> JournalState:
     """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
     first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
     by default; a record without an identity is refused, budgetgen.migration); `lane_of(sha, id, cell
@@ -196,7 +204,8 @@ def scan(path, repair=False, accepts=None, lane_of=None):
     return state
 
 
-def iter_records(path, accepts=None):
+def iter_records(path: str | os.PathLike,
+                 accepts: Callable[[str], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only, of the
     identities `accepts` takes (all by default; see scan)."""
     from .identity import record_sha
@@ -210,7 +219,8 @@ def iter_records(path, accepts=None):
         yield lineno, rec
 
 
-def records_by_id(path, ids, accepts=None):
+def records_by_id(path: str | os.PathLike, ids: Iterable[str],
+                  accepts: Callable[[str], bool] | None = None) -> dict[str, dict[str, Any]]:
     """{id: record} of the first whole record of each of `ids` among the identities `accepts` takes
     (only those lines are parsed in full): the turns a resumed conversation continues from."""
     from .identity import record_sha
@@ -230,7 +240,7 @@ def records_by_id(path, ids, accepts=None):
     return found
 
 
-def errors_by_identity(errors_path):
+def errors_by_identity(errors_path: str | os.PathLike) -> dict[str, set[str]]:
     """{identity sha: ids} of the permanent errors in errors.jsonl, every record read (one id may have
     failed under several settings). An error holds only under the identity that produced it."""
     from .identity import record_sha
@@ -265,11 +275,11 @@ class JournalFollower:
     problem: str | None = None  # a whole line that does not parse: FILE:LINE: reason
     lineno: int = 0
 
-    def reset(self):
+    def reset(self) -> None:
         self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
         self.ids, self.by_identity, self.recent = set(), {}, deque()
 
-    def refresh(self):
+    def refresh(self) -> JournalFollower:
         """Read what was appended since the last refresh; returns self."""
         try:
             st = os.stat(self.path)
@@ -318,7 +328,7 @@ class JournalFollower:
         self.records += 1
         self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens))
 
-    def rates(self, now, window_s=60.0):
+    def rates(self, now: float, window_s: float = 60.0) -> tuple[float, float]:
         """(req/s, tok/s) over the last window_s seconds of completions."""
         while self.recent and now - self.recent[0][0] > window_s:
             self.recent.popleft()

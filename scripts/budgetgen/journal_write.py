@@ -4,16 +4,26 @@ one writer per dataset, the writer that appends whole lines and cuts a torn tail
 and the repair of a torn tail.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
-def repair_tail(path):
+    from .client import ChatResult
+    from .identity import Identity
+
+
+def repair_tail(path: str | os.PathLike) -> int:
     """Truncate a torn last line (a record cut by a crash); return the number of bytes dropped."""
     try:
         f = open(path, "r+b")
@@ -44,7 +54,9 @@ def repair_tail(path):
         return size - keep
 
 
-def response_record(gen_id, messages, result, identity, params, created, attempts, where=None):
+def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: ChatResult, identity: Identity,
+                    params: dict[str, Any], created: float, attempts: int,
+                    where: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The journal record of one response (a client.ChatResult) to `messages`: the id and the identity
     it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
     conversation with the generated assistant turn appended, the request params, and its usage (last,
@@ -64,7 +76,7 @@ def response_record(gen_id, messages, result, identity, params, created, attempt
     return rec
 
 
-def encode_record(rec):
+def encode_record(rec: Mapping[str, Any]) -> str:
     """One journal line. `id` first, `identity` next (when the record has one) and `usage` last (see the
     module docstring)."""
     ordered = {"id": rec["id"]}
@@ -82,7 +94,7 @@ class JournalLock:
         self.path = os.fspath(journal_path) + ".lock"
         self.fd = None
 
-    def acquire(self):
+    def acquire(self) -> JournalLock:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -104,7 +116,7 @@ class JournalLock:
         self.fd = fd
         return self
 
-    def release(self):
+    def release(self) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
@@ -139,7 +151,7 @@ class JournalWriter:
         self._last_sync = time.monotonic()
         self._dirty = False
 
-    def append(self, rec):
+    def append(self, rec: Mapping[str, Any]) -> None:
         data = encode_record(rec).encode("utf-8")
         try:
             n = os.write(self.fd, data)
@@ -155,7 +167,7 @@ class JournalWriter:
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
             self.sync()
 
-    def sync(self):
+    def sync(self) -> None:
         if self._dirty:
             try:
                 os.fsync(self.fd)
@@ -164,7 +176,7 @@ class JournalWriter:
             self._dirty = False
         self._last_sync = time.monotonic()
 
-    def close(self):
+    def close(self) -> None:
         if self.fd is not None:
             try:
                 self.sync()
@@ -173,7 +185,7 @@ class JournalWriter:
                 self.fd = None
 
 
-def append_error(path, rec):
+def append_error(path: str | os.PathLike, rec: Mapping[str, Any]) -> int:
     """Append one permanent error (non-transient 4xx) to errors.jsonl: the journal's machinery.
 
     A JournalWriter: a torn tail (a kill during an earlier append) is cut before the record is

@@ -7,6 +7,8 @@ runs in its own session (its process group is what `stop` signals, so its worker
 SIGTERM if the job dies without stopping it (Linux parent-death signal). Its output goes to a log file.
 """
 
+from __future__ import annotations
+
 import asyncio
 import ctypes
 import logging
@@ -18,9 +20,15 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .endpoints import ServerUnreachable
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from .client import ChatClient
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +36,7 @@ PLACEHOLDER = re.compile(r"\{(port|host|model|model_path|dataset)\}")
 PR_SET_PDEATHSIG = 1
 
 
-def render_command(template, values):
+def render_command(template: str, values: Mapping[str, object]) -> list[str]:
     """argv of the launch template with the placeholders filled in; a value never changes word boundaries."""
     try:
         words = shlex.split(template)
@@ -39,7 +47,7 @@ def render_command(template, values):
     return [PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), w) for w in words]
 
 
-def free_port(host="127.0.0.1"):
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -66,7 +74,7 @@ class LaunchedServer:
         self.stop_timeout_s = stop_timeout_s
         self.proc = None
 
-    def start(self):
+    def start(self) -> LaunchedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {shlex.join(self.argv)}\n".encode())
@@ -80,14 +88,14 @@ class LaunchedServer:
                  f"{shlex.join(self.argv)}")
         return self
 
-    def last_log_line(self):
+    def last_log_line(self) -> str:
         try:
             lines = [x for x in self.log_path.read_text(errors="replace").splitlines() if x.strip()]
         except OSError:
             return ""
         return lines[-1][:300] if lines else ""
 
-    async def wait_ready(self, client, stopping=lambda: False):
+    async def wait_ready(self, client: ChatClient, stopping: Callable[[], bool] = lambda: False) -> None:
         """Poll the server's /models until it serves the model; fail fast if it exits; deadline."""
         t0 = time.monotonic()
         while True:
@@ -107,7 +115,7 @@ class LaunchedServer:
                                 f"(server.launch_ready_timeout_s); see {self.log_path}")
             await asyncio.sleep(1.0 if time.monotonic() - t0 > 5 else 0.2)
 
-    def stop(self):
+    def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL after stop_timeout_s; idempotent."""
         if self.proc is None or self.proc.returncode is not None:
             return

@@ -14,16 +14,22 @@ second run finds nothing to do and writes nothing. Nothing is regenerated: the i
 the records were made under.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from . import journal
 from .fsutil import atomic_path
 from .identity import legacy_identity
 
+if TYPE_CHECKING:
+    from .settings import DatasetPaths
+
 COMMAND = "python scripts/migrate_journal.py --config CONFIG --dataset {dataset}"
 
 
-def legacy_line(where):
+def legacy_line(where: str) -> str:
     """The one line a reader says of a record without an identity at `where` (FILE:LINE)."""
     path = where.rsplit(":", 1)[0]
     dataset = os.path.basename(os.path.dirname(os.path.abspath(path))) or "D"
@@ -44,7 +50,7 @@ def _stamped(line, where, samples):
     return journal.encode_record(rec)
 
 
-def migrate_file(path, samples):
+def migrate_file(path: str | os.PathLike, samples: int) -> tuple[int, int]:
     """Stamp every record of one append-only file that has no identity; returns (stamped, records). The
     file is replaced only when something changed."""
     path = os.fspath(path)
@@ -63,7 +69,7 @@ def migrate_file(path, samples):
     return stamped, records
 
 
-def migrate_dataset(paths, samples):
+def migrate_dataset(paths: DatasetPaths, samples: int) -> dict[str, tuple[int, int]]:
     """Both files of one dataset (settings.DatasetPaths), under the journal's lock: {path: (stamped,
     records)}. The temporary files a killed migration left beside them are removed first."""
     lock = journal.JournalLock(paths.journal).acquire()

@@ -25,18 +25,29 @@ prompts a cell holds are a uniform sample of the pool, whatever the cells' lengt
 is in two cells.
 """
 
+from __future__ import annotations
+
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import conversations
 from .identity import layout_sha
 from .prompts import dispatch_order, stable_id
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any
+
+    from .identity import Policy
+    from .journal import JournalState
+    from .prompts import Prompt
+
 DEFAULT_CELL = "default"
 TRAIN, VALIDATION = "train", "validation"
 
 
-def merged_extra_body(base, override):
+def merged_extra_body(base: Mapping[str, Any] | None, override: Mapping[str, Any] | None) -> dict[str, Any]:
     """A cell's extra_body: the dataset's, with the cell's keys over it (chat_template_kwargs key by key)."""
     out = dict(base or {})
     for k, v in (override or {}).items():
@@ -58,11 +69,11 @@ class Cell:
     identity: object  # identity.Identity
 
     @property
-    def max_tokens(self):
+    def max_tokens(self) -> int:
         return int(self.params["max_tokens"])
 
     @property
-    def chat_template_kwargs(self):
+    def chat_template_kwargs(self) -> dict[str, Any]:
         return dict((self.params.get("extra_body") or {}).get("chat_template_kwargs") or {})
 
 
@@ -75,21 +86,21 @@ class Lane:
     budget: int
 
     @property
-    def key(self):
+    def key(self) -> str:
         return lane_key(self.cell.name, self.split)
 
-    def describe(self):
+    def describe(self) -> dict[str, str | float]:
         """What the status and the done marker say of the lane itself."""
         return {"cell": self.cell.name, "split": self.split, "share": self.cell.share,
                 "identity": self.cell.identity.sha}
 
 
-def lane_key(cell, split):
+def lane_key(cell: str, split: str) -> str:
     """`CELL` (train) or `CELL/validation`: how a lane is named in the status, the tables and the logs."""
     return cell if split == TRAIN else f"{cell}/{split}"
 
 
-def split_budgets(budget, shares, validation_share):
+def split_budgets(budget: int, shares: Sequence[float], validation_share: float) -> list[tuple[int, int]]:
     """[(train, validation) tokens per cell]: the cells' shares of `budget`, each split by the validation
     share, rounded so that everything sums to `budget`."""
     out, given = [], 0
@@ -111,7 +122,7 @@ class Mixture:
     lanes: tuple  # Lane: each cell's train lane, then (validation_share > 0) each cell's validation lane
 
     @classmethod
-    def of(cls, cells, budget, validation_share, seed):
+    def of(cls, cells: Sequence[Cell], budget: int, validation_share: float, seed: int) -> Mixture:
         budgets = split_budgets(budget, [c.share for c in cells], validation_share)
         lanes = [Lane(c, TRAIN, b[0]) for c, b in zip(cells, budgets, strict=True)]
         if validation_share > 0:
@@ -119,39 +130,39 @@ class Mixture:
         return cls(tuple(cells), float(validation_share), int(seed), tuple(lanes))
 
     @property
-    def plain(self):
+    def plain(self) -> bool:
         """One cell, no validation split: the dataset as it was before mixtures."""
         return len(self.cells) == 1 and self.validation_share <= 0
 
     @property
-    def splits(self):
+    def splits(self) -> tuple[str, ...]:
         return (TRAIN, VALIDATION) if self.validation_share > 0 else (TRAIN,)
 
-    def cell(self, name):
+    def cell(self, name: str) -> Cell:
         return next(c for c in self.cells if c.name == name)
 
-    def layout_sha(self):
+    def layout_sha(self) -> str | None:
         """What the lanes' counts depend on besides the budget: the cells' identities and the split."""
         if self.plain:
             return None
         return layout_sha([(c.name, c.identity.sha) for c in self.cells], self.validation_share, self.seed)
 
-    def budgets(self):
+    def budgets(self) -> dict[str, int]:
         """{lane key: budget}."""
         return {lane.key: lane.budget for lane in self.lanes}
 
-    def split_of(self, messages):
+    def split_of(self, messages: Iterable[dict[str, Any]]) -> str:
         """The split of a prompt (its normalised messages): a seeded hash of its content."""
         if self.validation_share <= 0:
             return TRAIN
         h = hashlib.sha256(f"{self.seed}:validation:{stable_id(messages)}".encode()).digest()
         return VALIDATION if int.from_bytes(h[:8], "big") / 2**64 < self.validation_share else TRAIN
 
-    def prompt_splits(self, prompt_list):
+    def prompt_splits(self, prompt_list: Iterable[Prompt]) -> dict[str, str]:
         """{prompt id: split}."""
         return {p.id: self.split_of(p.messages) for p in prompt_list}
 
-    def generation_prompts(self, prompt_list):
+    def generation_prompts(self, prompt_list: Sequence[Prompt]) -> dict[str, str]:
         """{generation id: prompt id} of every generation any cell's plan can make of the prompts."""
         out = {}
         plans = list(dict.fromkeys(c.plan for c in self.cells))
@@ -161,7 +172,8 @@ class Mixture:
                     out[gid] = chain.prompt_id
         return out
 
-    def placer(self, policy, prompt_list=None):
+    def placer(self, policy: Policy,
+               prompt_list: Sequence[Prompt] | None = None) -> Callable[[str, str, str | None], tuple[str, str]]:
         """place(sha, id, cell_named) -> (cell, split) of a counted record: its cell (policy.cell_of its
         identity; `cell_named`: the cell the record names, for identities of earlier settings), and its
         prompt's split (train where the prompt is not among `prompt_list`, or without a validation
@@ -172,7 +184,8 @@ class Mixture:
         gen_prompt = self.generation_prompts(prompt_list)
         return lambda sha, rid, named: (policy.cell_of(sha, named), splits.get(gen_prompt.get(rid), TRAIN))
 
-    def lane_of(self, policy, prompt_list=None):
+    def lane_of(self, policy: Policy,
+                prompt_list: Sequence[Prompt] | None = None) -> Callable[[str, str, str | None], str]:
         """journal.scan(lane_of=): the lane key of a counted record (see placer)."""
         place = self.placer(policy, prompt_list)
         return lambda sha, rid, named: lane_key(*place(sha, rid, named))
@@ -192,14 +205,15 @@ class LaneAccount:
     errors: int = 0
     exhausted: bool = False  # nothing left to ask (met or not): budgetgen.state.lanes_state decides
 
-    def summary(self):
+    def summary(self) -> dict[str, Any]:
         """What the status and the done marker keep of a lane."""
         return {**self.lane.describe(), "budget": self.lane.budget, "tokens": self.tokens,
                 "responses": self.records, "prompts": len(self.prompts or ()), "errors": self.errors,
                 "exhausted": self.exhausted}
 
 
-def account(mix, policy, prompt_list, journaled, errors_by_sha):
+def account(mix: Mixture, policy: Policy, prompt_list: Sequence[Prompt], journaled: JournalState,
+            errors_by_sha: Mapping[str, Iterable[str]]) -> tuple[dict[str, LaneAccount], dict[str, list[Prompt]]]:
     """Each lane's LaneAccount, and the unclaimed prompts of each split in dispatch order
     ({split: [Prompt]}), from the journal (a JournalState scanned with mix.lane_of(policy, prompt_list))
     and the permanent errors ({identity sha: ids}, journal.errors_by_identity). See the module docstring

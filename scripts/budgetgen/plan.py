@@ -6,9 +6,12 @@ count now, and lay out the lanes (budgetgen.mixture) with what each has left to 
 under way first. RunState holds it; RunState.next_generation() is the dispatch order.
 """
 
+from __future__ import annotations
+
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import conversations, journal, mixture
 from .budget import DispatchPolicy, LengthModel
@@ -17,6 +20,12 @@ from .forecast import human_bytes
 from .fsutil import remove_outputs
 from .progress import Rates
 from .status import scan_lanes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Container, Sequence
+
+    from .prompts import Prompt
+    from .settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +41,7 @@ class Generation:
     lane: str = mixture.DEFAULT_CELL
 
     @property
-    def id(self):
+    def id(self) -> str:
         return self.chain.turn_id(self.k)
 
 
@@ -53,24 +62,24 @@ class LaneRun:
     rates: object = None
 
     @property
-    def key(self):
+    def key(self) -> str:
         return self.lane.key
 
     @property
-    def cell(self):
+    def cell(self) -> mixture.Cell:
         return self.lane.cell
 
-    def where(self):
+    def where(self) -> dict[str, str]:
         """What a record of this lane says of it, before its conversation place."""
         return {"cell": self.cell.name, "split": self.lane.split}
 
-    def claim(self, prompt):
+    def claim(self, prompt: Prompt) -> None:
         """Take an unclaimed prompt of the lane's split: its chains join the end of the queue."""
         for chain in conversations.chains([prompt], self.cell.plan):
             self.chains.append(chain)
             self.queue.append(Generation(chain, 1, lane=self.key))
 
-    def nothing_left(self, journaled_ids, pool):
+    def nothing_left(self, journaled_ids: Container[str], pool: Collection[Prompt]) -> bool:
         return conversations.left(self.chains, journaled_ids, self.errored).to_ask <= 0 and not pool
 
 
@@ -87,10 +96,10 @@ class RunState:
     errored: set
 
     @property
-    def chains(self):
+    def chains(self) -> list[conversations.Chain]:
         return [c for lr in self.lanes.values() for c in lr.chains]
 
-    def count(self, lr, gid, tokens):
+    def count(self, lr: LaneRun, gid: str, tokens: int) -> None:
         """A response of `tokens` journaled for lane `lr`: the dataset's and the lane's counts."""
         self.journaled.ids.add(gid)
         self.journaled.tokens += tokens
@@ -100,10 +109,10 @@ class RunState:
         lr.lengths.observe(tokens)
         lr.rates.add(tokens)
 
-    def queued(self):
+    def queued(self) -> int:
         return sum(len(lr.queue) for lr in self.lanes.values()) + sum(len(p) for p in self.pool.values())
 
-    def next_generation(self, in_flight):
+    def next_generation(self, in_flight: Callable[[LaneRun], Sequence[float]]) -> Generation | None:
         """The next request: from the lane furthest from its budget line (by share of it expected: the
         tokens journaled and those its requests in flight are expected to end with, by its budget rule's
         length model) whose budget rule lets it dispatch and that has a generation to ask or an
@@ -125,7 +134,7 @@ class RunState:
         return lr.queue.popleft()
 
 
-def prepare(s):
+def prepare(s: InferenceSettings) -> tuple[journal.JournalLock, RunState]:
     """Lock the journal and read where the dataset stands; returns (lock, RunState)."""
     pset = s.load_prompts()
     log.info(f"Prompts: {len(pset.prompts)} unique in {s.paths.prompts} ({pset.duplicates} duplicates dropped, "
@@ -228,7 +237,7 @@ def _lane_runs(s, accounts, journaled, errored):
     return lanes
 
 
-def log_forecast(s, journaled):
+def log_forecast(s: InferenceSettings, journaled: journal.JournalState) -> None:
     """The storage forecast of an EAGLE-3 hidden-state dump of the full budget's rows (budgetgen.forecast):
     completion tokens plus the prompt tokens per completion token the journal shows so far."""
     shape = s.forecast

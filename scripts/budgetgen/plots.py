@@ -6,11 +6,22 @@ Records are those of raw_responses.jsonl (see journal.py): `usage.completion_tok
 assistant turn last in `messages` (its `reasoning_content` when the server sent reasoning).
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 from . import journal
 from .conversations import record_place
 from .fsutil import atomic_path
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Mapping, Sequence
+    from types import ModuleType
+    from typing import Any
+
+    from matplotlib.figure import Figure
 
 FIGURES = ("budget", "lengths", "reasoning", "errors", "throughput", "turns")
 
@@ -24,27 +35,27 @@ STATE_COLORS = {"met": "#2f855a", "exhausted": "#b7791f", "partial": COLOR_MUTED
 
 
 # -- data ------------------------------------------------------------------------------------
-def completion_tokens(rec):
+def completion_tokens(rec: Mapping[str, Any]) -> int:
     return int((rec.get("usage") or {}).get("completion_tokens") or 0)
 
 
-def assistant_turn(rec):
+def assistant_turn(rec: Mapping[str, Any]) -> dict[str, Any]:
     messages = rec.get("messages") or []
     return messages[-1] if messages and messages[-1].get("role") == "assistant" else {}
 
 
-def load_records(path):
+def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a raw_responses.jsonl (or journal, or errors file); [] if it does not exist."""
     return [rec for _, rec in journal.iter_records(path)]
 
 
-def budget_bar(tokens, budget, state):
+def budget_bar(tokens: int, budget: int, state: str) -> dict[str, Any]:
     """Completion tokens against the budget; `state` is summary's met / exhausted / partial."""
     return {"tokens": int(tokens), "budget": int(budget), "state": state,
             "share": tokens / budget if budget else 1.0}
 
 
-def length_histogram(records, max_tokens, bins=30):
+def length_histogram(records: Sequence[Mapping[str, Any]], max_tokens: int | None, bins: int = 30) -> dict[str, Any]:
     """Completion lengths in `bins` equal bins over [0, max_tokens], counted apart for responses
     cut at max_tokens (finish_reason "length") and those that finished on their own."""
     top = max([max_tokens or 0, *(completion_tokens(r) for r in records), 1])
@@ -56,13 +67,13 @@ def length_histogram(records, max_tokens, bins=30):
     return {"edges": edges, "finished": finished, "cut": cut, "max_tokens": max_tokens}
 
 
-def cut_share(records):
+def cut_share(records: Sequence[Mapping[str, Any]]) -> dict[str, int | float]:
     """Responses cut at max_tokens: finish_reason "length", as in results/summary.tsv."""
     cut = sum(r.get("finish_reason") == "length" for r in records)
     return {"cut": cut, "total": len(records), "share": cut / len(records) if records else 0.0}
 
 
-def reasoning_tokens(rec):
+def reasoning_tokens(rec: Mapping[str, Any]) -> tuple[int, int, str | None]:
     """(reasoning tokens, answer tokens, how): `how` is "usage" when the server counted them
     (usage.completion_tokens_details.reasoning_tokens), "estimated" when split by the character
     share of reasoning_content vs content, None when the response has no reasoning."""
@@ -81,7 +92,7 @@ def reasoning_tokens(rec):
     return est, total - est, "estimated"
 
 
-def reasoning_split(records):
+def reasoning_split(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Reasoning vs answer tokens over a dataset, or None when no response has reasoning."""
     reasoning = answer = counted = estimated = 0
     shares = []
@@ -99,7 +110,7 @@ def reasoning_split(records):
             "shares": shares}
 
 
-def error_counts(records, error_records):
+def error_counts(records: Sequence[Mapping[str, Any]], error_records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Failed prompts by HTTP status (errors.jsonl: not retried), and answered responses that
     needed more than one attempt (transient errors retried)."""
     failed = {}
@@ -110,7 +121,7 @@ def error_counts(records, error_records):
     return {"failed": dict(sorted(failed.items())), "retried": retried, "answered": len(records)}
 
 
-def turn_counts(records):
+def turn_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, list[int]]:
     """Per turn index (budgetgen.conversations: 1 for single-turn prompts): responses and completion
     tokens, in turn order."""
     per = {}
@@ -122,7 +133,7 @@ def turn_counts(records):
     return {"turns": turns, "responses": [per[t][0] for t in turns], "tokens": [per[t][1] for t in turns]}
 
 
-def nice_step(raw):
+def nice_step(raw: float) -> float:
     """The smallest of 1, 2, 5 x 10^k that is >= raw (a bin width people can read)."""
     if raw <= 0:
         return 1.0
@@ -133,7 +144,7 @@ def nice_step(raw):
     return 10 * base
 
 
-def throughput(records, max_bins=60):
+def throughput(records: Iterable[Mapping[str, Any]], max_bins: int = 60) -> dict[str, Any]:
     """Completion tokens/s over the run's wall time, in bins of a readable width.
 
     Each response's tokens are spread evenly over its request, [created, created + latency_s]
@@ -194,7 +205,7 @@ def _note(ax, text):
         spine.set_visible(False)
 
 
-def draw_budget(plt, dataset, bar, responses, prompts):
+def draw_budget(plt: ModuleType, dataset: str, bar: Mapping[str, Any], responses: int, prompts: int) -> Figure:
     fig, ax = _figure(plt, f"{dataset}: {bar['tokens']:,} of {bar['budget']:,} completion tokens "
                       f"({100 * bar['share']:.1f}%) — {bar['state']}", size=(7.0, 1.9))
     color = STATE_COLORS.get(bar["state"], COLOR_TOKENS)
@@ -213,7 +224,7 @@ def draw_budget(plt, dataset, bar, responses, prompts):
     return fig
 
 
-def draw_lengths(plt, dataset, hist, cut):
+def draw_lengths(plt: ModuleType, dataset: str, hist: Mapping[str, Any], cut: Mapping[str, Any]) -> Figure:
     fig, ax = _figure(plt, f"{dataset}: completion lengths — {cut['cut']:,} of {cut['total']:,} "
                       f"({100 * cut['share']:.1f}%) cut at max_tokens")
     stacked = [f + c for f, c in zip(hist["finished"], hist["cut"])]
@@ -231,7 +242,7 @@ def draw_lengths(plt, dataset, hist, cut):
     return fig
 
 
-def draw_reasoning(plt, dataset, split):
+def draw_reasoning(plt: ModuleType, dataset: str, split: Mapping[str, Any] | None) -> Figure:
     if split is None:
         fig, ax = _figure(plt, f"{dataset}: reasoning vs answer tokens", size=(7.0, 2.2))
         _note(ax, "no reasoning in these responses (no reasoning_content, no usage reasoning_tokens)")
@@ -258,7 +269,7 @@ def draw_reasoning(plt, dataset, split):
     return fig
 
 
-def draw_errors(plt, dataset, counts):
+def draw_errors(plt: ModuleType, dataset: str, counts: Mapping[str, Any]) -> Figure:
     fig, ax = _figure(plt, f"{dataset}: errors", size=(7.0, 2.8))
     labels = [f"failed: {k}" for k in counts["failed"]] + ["answered after retries", "answered"]
     values = [*counts["failed"].values(), counts["retried"], counts["answered"]]
@@ -274,7 +285,7 @@ def draw_errors(plt, dataset, counts):
     return fig
 
 
-def draw_throughput(plt, dataset, tp):
+def draw_throughput(plt: ModuleType, dataset: str, tp: Mapping[str, Any]) -> Figure:
     fig, ax = _figure(plt, f"{dataset}: throughput over the run (mean {tp['mean_tokens_per_s']:,.0f} tok/s)")
     if not tp["starts"]:
         _note(ax, "no timestamps in these responses")
@@ -289,7 +300,7 @@ def draw_throughput(plt, dataset, tp):
     return fig
 
 
-def draw_turns(plt, dataset, counts, row):
+def draw_turns(plt: ModuleType, dataset: str, counts: Mapping[str, Any], row: Mapping[str, Any]) -> Figure:
     fig, ax = _figure(plt, f"{dataset}: tokens per turn — {row['conversations']:,} conversations, "
                       f"{row['conversations_finished']:,} finished, {row['conversations_ended_by_error']:,} "
                       "ended by an error", size=(7.0, 3.0))
@@ -306,7 +317,7 @@ def draw_turns(plt, dataset, counts, row):
     return fig
 
 
-def save(fig, path):
+def save(fig: Figure, path: str | os.PathLike) -> None:
     """Write a figure atomically; the format is the path's extension (svg, png)."""
     plt = _pyplot()
     fmt = str(path).rsplit(".", 1)[-1].lower()
@@ -315,7 +326,8 @@ def save(fig, path):
     plt.close(fig)
 
 
-def draw(name, dataset, records, error_records, row, max_tokens):
+def draw(name: str, dataset: str, records: Sequence[Mapping[str, Any]], error_records: Iterable[Mapping[str, Any]],
+         row: Mapping[str, Any], max_tokens: int | None) -> Figure:
     """One figure by name (see FIGURES); `row` is the dataset's summary row (summary.dataset_row)."""
     plt = _pyplot()
     if name == "budget":

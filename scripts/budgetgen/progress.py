@@ -7,13 +7,21 @@ one for the run's terminal (TERMINAL_LINE reads it back). JobProgress: those lin
 per dataset and per lane, written where they go.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from . import journal
 from .errors import terminal
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +33,10 @@ class Rates:
         self.window_s = window_s
         self.events = deque()  # (t, tokens)
 
-    def add(self, tokens, now=None):
+    def add(self, tokens: int, now: float | None = None) -> None:
         self.events.append((now or time.monotonic(), tokens))
 
-    def rates(self, now=None):
+    def rates(self, now: float | None = None) -> tuple[float, float]:
         now = now or time.monotonic()
         while self.events and now - self.events[0][0] > self.window_s:
             self.events.popleft()
@@ -38,7 +46,7 @@ class Rates:
         return len(self.events) / span, sum(t for _, t in self.events) / span
 
 
-def fmt_eta(seconds):
+def fmt_eta(seconds: float | None) -> str:
     if seconds is None or seconds != seconds or seconds == float("inf"):
         return "?"
     seconds = int(seconds)
@@ -62,12 +70,13 @@ class RunStats:
         self.responses = 0  # responses journaled by this run
         self.rates = Rates()
 
-    def retried(self, exc):
+    def retried(self, exc: Exception) -> None:
         kind = str(exc).split(":")[0]
         self.retries += 1
         self.retry_kinds[kind] = self.retry_kinds.get(kind, 0) + 1
 
-    def progress_line(self, journaled, budget, inflight, streaming, queued):
+    def progress_line(self, journaled: journal.JournalState, budget: int, inflight: int, streaming: int,
+                      queued: int) -> str:
         rps, tps = self.rates.rates()
         pct = 100.0 * journaled.tokens / budget if budget else 100.0
         left = budget - journaled.tokens
@@ -76,7 +85,8 @@ class RunStats:
                 f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {inflight} ({streaming} tokens streamed), "
                 f"queued {queued}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
 
-    def terminal_line(self, dataset, journaled, budget, inflight, state="running", rates=None):
+    def terminal_line(self, dataset: str, journaled: journal.JournalState, budget: int, inflight: int,
+                      state: str = "running", rates: Rates | None = None) -> str:
         """The compact line for the run's terminal: dataset name first, fixed columns, so the lines of
         several datasets running at once stay readable (TERMINAL_LINE reads it back). `rates`: a lane's
         (`D/CELL`), else the dataset's."""
@@ -111,13 +121,13 @@ class StreamProgress:
     def __init__(self):
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget what was seen (a retried attempt starts from zero)."""
         self.seen = 0
         self.chunks = 0
         self.first_tokens = self.first_time = self.last_time = 0.0
 
-    def add(self, n, now):
+    def add(self, n: int, now: float) -> None:
         if n <= 0:
             return
         if not self.chunks:
@@ -126,7 +136,7 @@ class StreamProgress:
         self.chunks += 1
         self.last_time = now
 
-    def generated(self, now):
+    def generated(self, now: float) -> float:
         if self.chunks < 2 or self.last_time <= self.first_time:
             return self.seen
         later = self.seen - self.first_tokens  # tokens after the first chunk, over its time span
@@ -143,7 +153,7 @@ class JobProgress:
         self.dataset, self.budget, self.stats, self.rs = dataset, budget, stats, run_state
         self.inflight, self.task_lane = inflight, task_lane
 
-    def line(self):
+    def line(self) -> str:
         rs = self.rs
         line = self.stats.progress_line(rs.journaled, self.budget, len(self.inflight),
                                         sum(p.seen for p in self.inflight.values()), rs.queued())
@@ -151,7 +161,7 @@ class JobProgress:
             line += "; lanes: " + ", ".join(f"{k} {lr.tokens}/{lr.lane.budget}" for k, lr in rs.lanes.items())
         return line
 
-    def to_terminal(self, state="running"):
+    def to_terminal(self, state: str = "running") -> None:
         """The compact progress line on the run's terminal (errors.terminal(): under Snakemake, where
         the log lines go to the rule's log), and one per lane (`D/CELL`) for a dataset of several;
         nothing when the job runs from the command line."""
@@ -169,7 +179,8 @@ class JobProgress:
                                                    sum(1 for t in self.inflight if self.task_lane.get(t) is lr),
                                                    lane_state, rates=lr.rates) + "\n")
 
-    async def tick(self, writer, settings, fail):
+    async def tick(self, writer: journal.JournalWriter, settings: InferenceSettings,
+                   fail: Callable[[Exception], object]) -> None:
         """The progress lines every server.progress_interval_s (the log) and terminal_progress_interval_s
         (the terminal). Also the fsync clock: appends fsync every 2 s while responses arrive; this tick
         covers a quiet spell after the last one. If it fails (an fsync error), `fail(exc)` hands it to the

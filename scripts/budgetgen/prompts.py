@@ -30,28 +30,27 @@ recorded with its line number and reason (PromptSet.skipped), and parsing contin
 is an error either way.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from budgetgen.errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 ON_BAD_LINE = ("error", "skip")
 PROMPT_FIELDS = ("messages", "conversations", "prompt", "instruction")
 
 _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "model": "assistant",
-    "system": "system",
-}
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "chatgpt": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
 _QUOTE_MAX = 60
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair; what is left is lone
 # in a line that decoded as UTF-8 (which refuses encoded surrogates) only an escape can make one
@@ -253,7 +252,7 @@ def _normalise(obj, check_unicode=True):
     return messages[: last_user + 1]
 
 
-def normalise_record(obj, where: str) -> list:
+def normalise_record(obj: object, where: str) -> list:
     """Normalise one parsed record to [{"role", "content"}, ...] ending with a user turn.
 
     Raises UserError(f"{where}: {reason}") for a record that cannot be used.
@@ -264,7 +263,7 @@ def normalise_record(obj, where: str) -> list:
         raise UserError(f"{where}: {exc}") from None
 
 
-def stable_id(messages) -> str:
+def stable_id(messages: Iterable[dict[str, Any]]) -> str:
     """Id from the normalised messages: same conversation -> same id, whatever the source format."""
     blob = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return "p" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
@@ -303,7 +302,7 @@ def _parse_line(raw, lineno):
     return _record_id(obj, messages), messages
 
 
-def load_prompts(path, on_bad_line="error") -> PromptSet:
+def load_prompts(path: str | os.PathLike, on_bad_line: str = "error") -> PromptSet:
     """Read a prompts.jsonl file into a PromptSet (see the module docstring for the rules)."""
     if on_bad_line not in ON_BAD_LINE:
         raise ValueError(f"on_bad_line must be one of {ON_BAD_LINE}, got {on_bad_line!r}")
@@ -346,29 +345,30 @@ def load_prompts(path, on_bad_line="error") -> PromptSet:
     return result
 
 
-def is_blank(raw):
+def is_blank(raw: bytes) -> bool:
     """A line (bytes) that load_prompts ignores: whitespace only."""
     return not raw.strip() or (not raw.isascii() and _blank_unicode(raw))
 
 
-def duplicate_reason(pid, first_line):
+def duplicate_reason(pid: str, first_line: int) -> str:
     """Why a line repeating an id with other messages is bad."""
     return f"duplicate id {_q(pid)} with different content (first seen on line {first_line})"
 
 
-def no_prompts_reason(bad, first, nonempty):
+def no_prompts_reason(bad: int, first: tuple[int, str] | None, nonempty: bool) -> str:
     """Why a file yields no prompt: `bad` lines all bad, the first (line, reason); else blank or empty."""
     if bad:
         return f"no prompts found (all {bad} non-blank lines were bad; first: line {first[0]}: {first[1]})"
     return f"no prompts found ({'only blank lines' if nonempty else 'the file is empty'})"
 
 
-def content_keys(prompt_list):
+def content_keys(prompt_list: Iterable[Prompt]) -> set[str]:
     """The normalised contents (stable_id of the messages) of prompts: the same under any id."""
     return {stable_id(p.messages) for p in prompt_list}
 
 
-def without_earlier(pset, earlier_paths, on_bad_line="error"):
+def without_earlier(pset: PromptSet, earlier_paths: Iterable[str | os.PathLike],
+                    on_bad_line: str = "error") -> PromptSet:
     """`pset` less the prompts whose normalised content is in one of the `earlier_paths` prompts files
     (generation.dedup_across_datasets: each prompt kept in the first dataset only); counted in
     pset.in_earlier. One line when that leaves no prompt."""
@@ -391,7 +391,7 @@ def _blank_unicode(raw):
         return False
 
 
-def dispatch_order(ids, seed: int) -> list:
+def dispatch_order(ids: Iterable[str], seed: int) -> list:
     """Ids in a seeded pseudo-random order, the same on every call and independent of file order.
 
     Each id's position depends only on (seed, id), so appending prompts never reorders existing ones.

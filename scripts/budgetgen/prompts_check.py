@@ -24,13 +24,19 @@ checked: their prompts.jsonl is the workflow's own import, validated row by row 
 and may be about to be replaced.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from . import prompts
+
+if TYPE_CHECKING:
+    from typing import Any
 
 CHECK_VERSION = 1  # with the source of this module and prompts.py: part of the cache key
 _CHUNK = 16 << 20
@@ -47,7 +53,7 @@ class _Restart(Exception):
     """An id of the stable-id shape: check again, hashing the id-less lines as the job does."""
 
 
-def prompts_problem(config, cache_path=None):
+def prompts_problem(config: dict[str, Any], cache_path: str | None = None) -> str | None:
     """The first dataset (in name order) whose prompts file the inference job would refuse, as one line
     `prompts file PATH:LINE: reason (datasets.D.prompts)`; None if every one is usable. cache_path: the
     JSON file remembering verdicts (None: this process only)."""
@@ -63,13 +69,13 @@ def prompts_problem(config, cache_path=None):
     return None
 
 
-def message(path, verdict):
+def message(path: str, verdict: tuple[int | None, str]) -> str:
     """The job's own error text for a verdict: PATH:LINE: reason, or PATH: reason for the whole file."""
     line, reason = verdict
     return f"{path}:{line}: {reason}" if line else f"{path}: {reason}"
 
 
-def check_cached(path, on_bad_line, cache_path=None):
+def check_cached(path: str, on_bad_line: str, cache_path: str | None = None) -> tuple[int | None, str] | None:
     """check_file's verdict, remembered under cache_key in this process and in cache_path."""
     key = cache_key(path, on_bad_line)
     if key in _verdicts:
@@ -86,7 +92,7 @@ def check_cached(path, on_bad_line, cache_path=None):
     return _verdicts[key]
 
 
-def cache_key(path, on_bad_line):
+def cache_key(path: str, on_bad_line: str) -> str:
     st = os.stat(path)
     blob = [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, on_bad_line,
             _parser_version()]
@@ -132,7 +138,8 @@ def _write_cache(cache_path, entries, key, verdict):
             pass
 
 
-def check_file(path, on_bad_line="error", workers=None):
+def check_file(path: str | os.PathLike, on_bad_line: str = "error",
+               workers: int | None = None) -> tuple[int | None, str] | None:
     """What load_prompts(path, on_bad_line) would refuse, as (line or None, reason); None if it would
     load (module docstring). The file is read in chunks, never whole; under on_bad_line error a large
     file is split at line boundaries among worker processes (workers: how many; default one per

@@ -3,14 +3,23 @@
 none (record_split, record_cell), and the file's lines in batches (line_batches).
 """
 
+from __future__ import annotations
+
 import json
+from typing import TYPE_CHECKING
 
 from budgetgen.errors import UserError
 from budgetgen.identity import record_sha
 from budgetgen.mixture import DEFAULT_CELL, TRAIN
 
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterator
+    from typing import Any
 
-def parse_record(line, lineno, input_path):
+
+def parse_record(line: bytes | str, lineno: int,
+                 input_path: str | os.PathLike) -> tuple[str, dict[str, Any], str | None, str]:
     """One line of raw_responses.jsonl, validated: (id, record, finish_reason, identity sha); a line that
     is not a response record is one line naming FILE:LINE."""
     where = f"{input_path}:{lineno}"
@@ -43,17 +52,17 @@ def parse_record(line, lineno, input_path):
     return str(rid), record, finish, record_sha(record, where)
 
 
-def record_split(record):
+def record_split(record: dict[str, Any]) -> str:
     """The split a raw_responses.jsonl record belongs to (finalize writes it; budgetgen.mixture)."""
     return record.get("split") or TRAIN
 
 
-def record_cell(record):
+def record_cell(record: dict[str, Any]) -> str:
     """The mixture cell a record was made for (finalize writes it; budgetgen.mixture)."""
     return record.get("cell") if isinstance(record.get("cell"), str) and record.get("cell") else DEFAULT_CELL
 
 
-def line_batches(input_path, batch_size):
+def line_batches(input_path: str | os.PathLike, batch_size: int) -> Iterator[list[tuple[int, bytes]]]:
     """Yield lists of (lineno, line bytes), batch_size non-blank lines each."""
     try:
         f = open(input_path, "rb")

@@ -3,13 +3,24 @@ errors held until a success proves them the prompts' (PermanentErrors), the proo
 when every request of a run failed (prove_server), and the setting such errors most likely come from.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from . import journal
 from .client import PermanentError, TransientError, backoff_delay
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+    from .identity import Identity
+    from .inference import InferenceJob
+    from .settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +42,7 @@ class RequestRetries:
         self.attempts = 0
         self.http_failures = 0
 
-    def delay_after(self, exc, last_alive, urls):
+    def delay_after(self, exc: TransientError, last_alive: float, urls: Iterable[str]) -> float | None:
         """Seconds to wait before the next attempt, or None to give up for this run (raises ServerDown
         when the server has shown no sign of life for the deadline)."""
         down_for = time.monotonic() - last_alive
@@ -63,7 +74,8 @@ class PermanentErrors:
         self.pending = []
         self.streak_status, self.streak = None, 0
 
-    def add(self, gen_id, messages, exc, identity, params, where=None):
+    def add(self, gen_id: str, messages: list[dict[str, Any]], exc: PermanentError, identity: Identity,
+            params: dict[str, Any], where: Mapping[str, Any] | None = None) -> None:
         """`identity`, `params`: those of the lane (mixture cell) that made the request."""
         self.pending.append({"id": gen_id, "identity": identity.sha, **(where or {}), "messages": messages,
                              "status": exc.status, "error": exc.message, "identity_settings": identity.settings,
@@ -75,20 +87,20 @@ class PermanentErrors:
                             f"{gen_id}); none recorded as the prompts' errors; fix the server or settings "
                             "and rerun")
 
-    def success(self):
+    def success(self) -> None:
         self.streak_status, self.streak = None, 0
         self.flush()
 
-    def flush(self):
+    def flush(self) -> None:
         for rec in self.pending:
             journal.append_error(self.path, rec)
         self.pending.clear()
 
-    def first(self):
+    def first(self) -> dict[str, Any] | None:
         return self.pending[0] if self.pending else None
 
 
-async def prove_server(job):
+async def prove_server(job: InferenceJob) -> None:
     """Every request of this run failed permanently: that the server works under these settings must
     be proved in this run before the errors are the prompts' (an earlier run's records prove nothing
     about a setting changed since). One prompt answered before is asked again (the answer is not
@@ -124,7 +136,7 @@ async def prove_server(job):
     job.errors.success()
 
 
-def likely_setting(message, s):
+def likely_setting(message: str, s: InferenceSettings) -> str:
     """The setting a permanent error that every request meets most likely comes from, for its one line."""
     text = message.lower()
     if any(w in text for w in ("context", "max_tokens", "maximum", "too long", "length")):

@@ -43,11 +43,20 @@ The output is an Arrow IPC stream (what `datasets.Dataset.from_file` reads), wri
 more than max_skipped_pct percent of records skipped fails the job, naming the reason and first id.
 """
 
+from __future__ import annotations
+
 import json
 import operator
+from typing import TYPE_CHECKING
 
 from budgetgen.chat_render import ChatRenderer
 from budgetgen.turn_format import TurnFormat, check_options, record_kwargs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
+
+    from transformers import PreTrainedTokenizerBase
 
 # Skip reasons (counted, never written).
 NO_SUPERVISED_TOKENS = "no_supervised_tokens"
@@ -87,7 +96,7 @@ class RowEncoder:
         self.fast_ok = self.backend is not None and hasattr(self.backend, "encode_batch_fast")
         self.renderer = ChatRenderer(tokenizer, self.kwargs)
 
-    def turn_format(self, kwargs):
+    def turn_format(self, kwargs: dict[str, Any]) -> TurnFormat:
         key = json.dumps(kwargs, sort_keys=True)
         if key not in self.formats:
             def render(conv):
@@ -96,7 +105,7 @@ class RowEncoder:
             self.formats[key] = TurnFormat(self.tokenizer, render, self.reasoning_tags)
         return self.formats[key]
 
-    def ids(self, texts):
+    def ids(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
         if self.fast_ok:
@@ -124,7 +133,7 @@ class RowEncoder:
             need_prompt.append(i)
         return results, prompt_ids, completion_ids, need_prompt
 
-    def encode(self, records):
+    def encode(self, records: Sequence[dict[str, Any]]) -> tuple[list[tuple[list[int], int, int] | str], str | None]:
         """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
 
         The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
@@ -180,8 +189,9 @@ class RowEncoder:
         return results, first_error
 
 
-def encode_batch(tokenizer, records, max_length, chat_template_kwargs=None, use_server_ids=True,
-                 reasoning_tags=None):
+def encode_batch(tokenizer: PreTrainedTokenizerBase, records: Iterable[dict[str, Any] | Iterable[dict[str, Any]]],
+                 max_length: int, chat_template_kwargs: dict[str, Any] | None = None, use_server_ids: bool = True,
+                 reasoning_tags: Iterable[str] | None = None) -> list[tuple[list[int], list[int]] | str]:
     """Encode journal records (or plain conversations: lists of messages whose last one is the
     generated assistant turn, taken as finished with "stop").
 

@@ -11,8 +11,11 @@ or from `--config FILE --dataset D` (budgetgen.configfile), never from defaults 
 - InferenceSettings.from_config(config, D): everything one inference job needs.
 """
 
+from __future__ import annotations
+
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import engines
 from .conversations import Plan
@@ -27,23 +30,31 @@ from .identity import (
 )
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
-def generation_setting(config, dataset, key):
+    from .forecast import DumpShape
+    from .prompts import PromptSet
+    from .tokenization import TokenizeOptions
+
+
+def generation_setting(config: dict[str, Any], dataset: str, key: str) -> Any:
     """A generation setting of one dataset: its own override, else the `generation` default."""
     own = config["datasets"][dataset]
     return own[key] if key in own else config["generation"].get(key)
 
 
-def token_budget(config, dataset):
+def token_budget(config: dict[str, Any], dataset: str) -> int:
     return int(generation_setting(config, dataset, "token_budget"))
 
 
-def chat_template_kwargs(config, dataset):
+def chat_template_kwargs(config: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The dataset's chat_template_kwargs (its extra_body's): the template switches its requests send."""
     return dict((generation_setting(config, dataset, "extra_body") or {}).get("chat_template_kwargs") or {})
 
 
-def inference_threads(config):
+def inference_threads(config: dict[str, Any]) -> int:
     """Cores an inference job takes from Snakemake's --cores: none for an HTTP client (it waits on the
     server, a fraction of a core), so the datasets' jobs overlap on one server under any --cores and
     the server's queue fills the slots one dataset's drain leaves idle (--resources server_slots=N
@@ -51,24 +62,24 @@ def inference_threads(config):
     return 1 if config["server"].get("launch") else 0
 
 
-def generation_plan(config, dataset):
+def generation_plan(config: dict[str, Any], dataset: str) -> Plan:
     """How the dataset's prompts become generations (budgetgen.conversations.Plan)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
     return Plan(turns=g("turns"), samples=int(g("samples_per_prompt")), history_reasoning=g("history_reasoning"))
 
 
-def dataset_request_params(config, dataset):
+def dataset_request_params(config: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The request params the dataset's inference job sends (and journals with every response)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
     return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"))
 
 
-def generation_identity(config, dataset):
+def generation_identity(config: dict[str, Any], dataset: str) -> Identity:
     """The identity of the generations the dataset's next inference job makes (budgetgen.identity)."""
     return Identity.of(settings_of(dataset_request_params(config, dataset), generation_plan(config, dataset)))
 
 
-def dataset_mixture(config, dataset):
+def dataset_mixture(config: dict[str, Any], dataset: str) -> Mixture:
     """The dataset's cells and validation split (budgetgen.mixture): each cell's settings are its own
     overrides over the dataset's (extra_body merged); without a mixture, one cell `default` with the
     dataset's settings (its identity is generation_identity's)."""
@@ -83,12 +94,12 @@ def dataset_mixture(config, dataset):
     return Mixture.of(cells, token_budget(config, dataset), validation_share(config, dataset), int(g("seed")))
 
 
-def validation_share(config, dataset):
+def validation_share(config: dict[str, Any], dataset: str) -> float:
     """The share of the dataset's prompts (and budget) its validation split holds (0: none)."""
     return float((generation_setting(config, dataset, "validation") or {}).get("share", 0))
 
 
-def settings_policy(config, dataset, mix=None):
+def settings_policy(config: dict[str, Any], dataset: str, mix: Mixture | None = None) -> Policy:
     """The identities now (one per cell) and generation.on_settings_change: which journal records count;
     `mix`: the dataset's mixture when the caller has built it."""
     mix = mix or dataset_mixture(config, dataset)
@@ -97,7 +108,7 @@ def settings_policy(config, dataset, mix=None):
                   layout=mix.layout_sha())
 
 
-def earlier_prompts(config, dataset):
+def earlier_prompts(config: dict[str, Any], dataset: str) -> tuple[str, ...]:
     """The prompts files of the datasets before this one in the config, whose prompts this one leaves out
     under generation.dedup_across_datasets (else none)."""
     if not config["generation"].get("dedup_across_datasets"):
@@ -106,7 +117,7 @@ def earlier_prompts(config, dataset):
     return tuple(DatasetPaths.of(config, d).prompts for d in names[: names.index(dataset)])
 
 
-def content_settings(config, dataset):
+def content_settings(config: dict[str, Any], dataset: str) -> dict[str, Any]:
     """What makes the dataset's data what it is: the model, the content generation settings, the
     tokenizer settings that change rows. Changing any of these changes the data."""
     return {
@@ -116,7 +127,7 @@ def content_settings(config, dataset):
     }
 
 
-def rerun_trigger(config, dataset, stage):
+def rerun_trigger(config: dict[str, Any], dataset: str, stage: str) -> dict[str, Any]:
     """What makes a stage's output another one when it changes: its rule's one rerun param
     (rules/common.smk). inference: the content generation settings, the model and on_bad_line; finalize:
     which records count (the policy key); tokenize: the content key, the tokenizer's files and the
@@ -135,7 +146,7 @@ def rerun_trigger(config, dataset, stage):
     raise ValueError(stage)
 
 
-def config_sha256(config, dataset):
+def config_sha256(config: dict[str, Any], dataset: str) -> str:
     """The content key of the dataset's content settings (identity.content_key), recorded in its tokenized.arrow."""
     return content_key(content_settings(config, dataset))
 
@@ -170,14 +181,14 @@ class DatasetPaths:
     }
 
     @classmethod
-    def of(cls, config, dataset):
+    def of(cls, config: dict[str, Any], dataset: str) -> DatasetPaths:
         own = config["datasets"][dataset]
         at = {k: v.format(dataset=dataset) for k, v in cls.PATTERNS.items()}
         prompts = at.pop("imported_prompts") if own.get("source") is not None else own["prompts"]
         at.pop("imported_prompts", None)
         return cls(dataset=dataset, prompts=prompts, **at)
 
-    def with_files(self, files):
+    def with_files(self, files: Mapping[str, str]) -> DatasetPaths:
         """These paths with a rule's declared files instead ({field: path}: `--path NAME=FILE`)."""
         unknown = sorted(set(files) - set(self.__dataclass_fields__) - {"dataset"})
         if unknown:
@@ -189,7 +200,7 @@ class DatasetPaths:
 
         return replace(self, **files)
 
-    def finished_outputs(self):
+    def finished_outputs(self) -> tuple[str, ...]:
         """What says "this dataset is finished" downstream of the journal: the done marker, the files
         made from it (raw_responses, rows, plots, exports) and the summary of every dataset. The
         inference job removes them as it starts (budgetgen.fsutil.remove_outputs): until it ends met
@@ -237,7 +248,8 @@ class InferenceSettings:
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
 
     @classmethod
-    def from_config(cls, config, dataset, slots=None, files=None):
+    def from_config(cls, config: dict[str, Any], dataset: str, slots: int | None = None,
+                    files: Mapping[str, str] | None = None) -> InferenceSettings:
         """slots: the server_slots Snakemake granted the job; in flight = the lower of it and the
         dataset's concurrency (the job says so when it is lower). files: the rule's declared files
         ({DatasetPaths field: path}), where they differ from DatasetPaths.of's."""
@@ -269,14 +281,14 @@ class InferenceSettings:
         )
 
     @property
-    def dataset(self):
+    def dataset(self) -> str:
         return self.paths.dataset
 
     @property
-    def identity(self):
+    def identity(self) -> Identity:
         return self.policy.current
 
-    def load_prompts(self):
+    def load_prompts(self) -> PromptSet:
         """The dataset's prompts (prompts.PromptSet), less those of earlier datasets under
         generation.dedup_across_datasets."""
         from .prompts import load_prompts, without_earlier
@@ -285,7 +297,7 @@ class InferenceSettings:
         return without_earlier(pset, self.earlier_prompts, self.on_bad_line) if self.earlier_prompts else pset
 
 
-def dump_shape(config):
+def dump_shape(config: dict[str, Any]) -> DumpShape | None:
     """The storage forecast's model shape (budgetgen.forecast.DumpShape) from tokenizer.model_config, or
     config.json in the tokenizer folder; None when neither is there."""
     from .forecast import DumpShape
@@ -317,7 +329,8 @@ class TokenizeSettings:
     validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
 
     @classmethod
-    def from_config(cls, config, dataset, processes=None, files=None):
+    def from_config(cls, config: dict[str, Any], dataset: str, processes: int | None = None,
+                    files: Mapping[str, str] | None = None) -> TokenizeSettings:
         """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
         t = config["tokenizer"]
         return cls(
@@ -333,7 +346,7 @@ class TokenizeSettings:
             validation=validation_share(config, dataset) > 0,
         )
 
-    def options(self, split="train"):
+    def options(self, split: str = "train") -> TokenizeOptions:
         """What tokenize_file needs for one split's rows (tokenization.TokenizeOptions): on_settings_change
         extend keeps records of earlier settings and a mixture has one identity per cell, so there each
         row says its own (identity and cell columns) instead of mixed settings being refused."""

@@ -14,19 +14,28 @@ in a string column: that row stops the import, naming its row and column, under 
 on_bad_line (it cannot be carried into prompts.jsonl to be skipped there).
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import TYPE_CHECKING
 
 from budgetgen import prompts
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+    from typing import Any
+
+    from datasets import Dataset
 
 FIELDS = ("id", "messages", "conversations", "prompt", "instruction", "input", "system")
 FORMATS = ("parquet", "arrow", "json", "csv", "disk")
 _BY_EXTENSION = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
-def detect_format(path):
+def detect_format(path: str | os.PathLike) -> str:
     """The `datasets` builder for path: by extension, or "disk" for a save_to_disk folder."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "dataset_info.json")) or os.path.exists(
@@ -41,7 +50,7 @@ def detect_format(path):
     return _BY_EXTENSION[ext]
 
 
-def load_source(path, fmt=None, split="train"):
+def load_source(path: str | os.PathLike, fmt: str | None = None, split: str = "train") -> Dataset:
     """A `datasets.Dataset` for the source (local files only)."""
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -106,7 +115,7 @@ def _undecodable(ds, start, path):
     return f"{path}: row {start + 1}: not valid UTF-8"
 
 
-def check_columns(columns, available, path):
+def check_columns(columns: Mapping[str, str], available: Collection[str], path: str | os.PathLike) -> None:
     unknown = sorted(set(columns) - set(FIELDS))
     if unknown:
         raise UserError(f"source.columns: unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
@@ -115,7 +124,7 @@ def check_columns(columns, available, path):
         raise UserError(f"{path}: no column {missing[0]!r} (columns: {', '.join(available)})")
 
 
-def map_row(row, columns):
+def map_row(row: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
     """row with the mapped columns renamed to budgetgen's fields (see the module docstring)."""
     out = dict(row)
     for name in columns.values():
@@ -129,7 +138,8 @@ def map_row(row, columns):
     return out
 
 
-def import_prompts(source, output, fmt=None, split="train", columns=None, validate=True):
+def import_prompts(source: str | os.PathLike, output: str | os.PathLike, fmt: str | None = None, split: str = "train",
+                   columns: Mapping[str, str] | None = None, validate: bool = True) -> int:
     """Write the source's rows, mapped, as prompts.jsonl (atomically); return the row count.
 
     validate: check every row as a prompt now, so a bad one is named by its source row.

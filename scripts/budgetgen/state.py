@@ -26,9 +26,19 @@ absent while a job runs or after an interrupted one), the status checkpoint's ou
 (results/D/budget_status.json, whose counts may be stale but only ever too low) and the journal.
 """
 
+from __future__ import annotations
+
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any
+
+    from .identity import Policy
+    from .journal import JournalState
 
 FRESH, PARTIAL, MET, EXHAUSTED, REFUSED = "fresh", "partial", "met", "exhausted", "refused"
 
@@ -43,19 +53,19 @@ class DatasetFiles:
     prompts: str
 
 
-def budget_state(tokens, budget, exhausted):
+def budget_state(tokens: int, budget: int, exhausted: bool) -> str:
     """met (tokens >= budget), exhausted (no prompt left, budget not met), or partial."""
     if tokens >= budget:
         return MET
     return EXHAUSTED if exhausted else PARTIAL
 
 
-def budget_lines(budget):
+def budget_lines(budget: int | dict[str, int]) -> dict[str, int]:
     """{lane key: budget} of a budget given as a number (one lane) or as mixture.Mixture.budgets()."""
     return dict(budget) if isinstance(budget, dict) else {"default": int(budget)}
 
 
-def lanes_of(info, budget):
+def lanes_of(info: Mapping[str, Any], budget: int | dict[str, int]) -> dict[str, dict[str, Any]]:
     """{lane key: {"tokens", "budget", "exhausted"}} of a status or done marker under the budget now; one
     written before lanes (or by a one-lane dataset) gives its totals to its one lane. `exhausted`: no
     generation left to ask in the lane (whether or not it was met)."""
@@ -68,7 +78,7 @@ def lanes_of(info, budget):
                 "exhausted": bool((lanes.get(k) or {}).get("exhausted"))} for k, b in budgets.items()}
 
 
-def lanes_state(lanes):
+def lanes_state(lanes: Mapping[str, Mapping[str, Any]]) -> str:
     """met (every lane met), exhausted (every lane met or with nothing left, one not met), or partial."""
     if all(v["tokens"] >= v["budget"] for v in lanes.values()):
         return MET
@@ -77,13 +87,14 @@ def lanes_state(lanes):
     return PARTIAL
 
 
-def counted_under(info, policy_key):
+def counted_under(info: Mapping[str, Any], policy_key: Mapping[str, Any]) -> bool:
     """Whether a status or done marker was counted under `policy_key` (identity.Policy.key()): written
     before identities, or under other settings, it is not."""
     return all(info.get(k) == v for k, v in policy_key.items())
 
 
-def decide(done, status, budget, policy_key, prompts_changed, journal_exists):
+def decide(done: dict[str, Any] | None, status: dict[str, Any] | None, budget: int | dict[str, int],
+           policy_key: Mapping[str, Any], prompts_changed: bool, journal_exists: bool) -> tuple[str, dict[str, Any]]:
     """The state from what is known (pure): the done marker's content (or None), the status (or None),
     the budget now (a number, or {lane: budget} of a mixture: budget_lines) and the policy key now
     (identity.Policy.key()), whether the prompts changed since the status was written, whether a journal
@@ -104,7 +115,7 @@ def decide(done, status, budget, policy_key, prompts_changed, journal_exists):
     return state, status
 
 
-def read_json(path):
+def read_json(path: str | os.PathLike) -> Any:
     """A JSON file's object, or None if it is missing or unreadable."""
     try:
         with open(path) as f:
@@ -113,7 +124,7 @@ def read_json(path):
         return None
 
 
-def prompts_changed_since(prompts, path):
+def prompts_changed_since(prompts: str, path: str) -> bool:
     """Whether the prompts file is newer than `path` (or gone: an imported prompts file removed is
     imported again, so it counts as changed)."""
     if not os.path.exists(prompts):
@@ -121,7 +132,8 @@ def prompts_changed_since(prompts, path):
     return os.path.getmtime(prompts) > os.path.getmtime(path)
 
 
-def dataset_state(files, budget, policy_key, status=None):
+def dataset_state(files: DatasetFiles, budget: int | dict[str, int], policy_key: Mapping[str, Any],
+                  status: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """decide() on the dataset's files; `status` overrides reading files.status (the checkpoint's
     output as Snakemake hands it over)."""
     status = status if status is not None else read_json(files.status)
@@ -130,7 +142,8 @@ def dataset_state(files, budget, policy_key, status=None):
                   changed, os.path.exists(files.journal))
 
 
-def finalize_from_journal(files, budget, policy_key, status):
+def finalize_from_journal(files: DatasetFiles, budget: int | dict[str, int], policy_key: Mapping[str, Any],
+                          status: dict[str, Any] | None) -> bool:
     """Whether finalize reads the journal directly (met or exhausted per the checkpoint: no inference
     job), rather than waiting for the inference job's done marker."""
     if os.path.exists(files.done) or not os.path.exists(files.journal):
@@ -139,7 +152,8 @@ def finalize_from_journal(files, budget, policy_key, status):
     return state in (MET, EXHAUSTED)
 
 
-def status_row(name, files, budget, policy, scan_journal):
+def status_row(name: str, files: DatasetFiles, budget: int | dict[str, int], policy: Policy,
+               scan_journal: Callable[[str, Policy], JournalState]) -> tuple[str, int, int, int, int, str, bool]:
     """One row of the status table: (name, tokens, budget, left, responses, state, read_now); responses
     are journal records of the identities that count (`policy`: identity.Policy), one per generation
     (per turn with turns: all). When no job has finished since the journal last grew, or the counts
@@ -149,7 +163,8 @@ def status_row(name, files, budget, policy, scan_journal):
     return status_rows(name, files, budget, policy, scan_journal)[0]
 
 
-def status_rows(name, files, budget, policy, scan_journal):
+def status_rows(name: str, files: DatasetFiles, budget: int | dict[str, int], policy: Policy,
+                scan_journal: Callable[[str, Policy], JournalState]) -> list[tuple[str, int, int, int, int, str, bool]]:
     """status_row, then (a dataset of several lanes: mixture cells, a validation split) a row per lane,
     named `D/CELL` or `D/CELL/validation`, with its own tokens, budget line and state."""
     budgets = budget_lines(budget)
@@ -189,12 +204,12 @@ def status_rows(name, files, budget, policy, scan_journal):
     return rows
 
 
-def refused_state(changed):
+def refused_state(changed: Iterable[str]) -> str:
     """The status table's state of a refused settings change: what changed, and where to decide."""
     return f"{REFUSED}: settings changed ({'; '.join(changed)}); see generation.on_settings_change"
 
 
-def format_status_table(rows):
+def format_status_table(rows: Sequence[tuple[str, int, int, int, int, str, bool]]) -> str:
     """The table `snakemake -n` prints, one `budgetgen: ` line per dataset."""
     width = max(len("dataset"), *(len(r[0]) for r in rows))
     lines = [f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"]
@@ -206,7 +221,7 @@ def format_status_table(rows):
     return "\n".join(lines)
 
 
-def looks_local(name):
+def looks_local(name: str | os.PathLike) -> bool:
     """Whether a tokenizer path names a local folder (not a hub id `org/model`)."""
     name = os.fspath(name)
     return os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.exists(name)

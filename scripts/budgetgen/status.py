@@ -2,14 +2,27 @@
 prompts offer, under the generation settings now, per lane (budgetgen.mixture: each mixture cell in
 each split). What the status means for the dataset's state is budgetgen.state's to decide."""
 
+from __future__ import annotations
+
 import os
 import time
+from typing import TYPE_CHECKING
 
 from . import conversations, journal, mixture
 from .errors import UserError
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
-def scan_lanes(s, prompt_list=None, repair=False):
+    from .identity import Policy
+    from .journal import JournalState
+    from .prompts import Prompt
+    from .settings import InferenceSettings
+
+
+def scan_lanes(s: InferenceSettings, prompt_list: Sequence[Prompt] | None = None,
+               repair: bool = False) -> JournalState:
     """The journal of `s` (settings.InferenceSettings) scanned with the records of the identities that
     count, per lane. `prompt_list`: the dataset's prompts, which a validation split needs to tell a
     record's split (loaded here when needed and not given)."""
@@ -20,7 +33,7 @@ def scan_lanes(s, prompt_list=None, repair=False):
                         lane_of=mix.lane_of(s.policy, prompt_list))
 
 
-def table_counts(s):
+def table_counts(s: InferenceSettings) -> Callable[[str, Policy], JournalState]:
     """status_rows' scan_journal for `snakemake -n`: scan_lanes, or (prompts unreadable at DAG time,
     their one line comes from the job) the counts without splits."""
     def count(path, policy):
@@ -32,7 +45,7 @@ def table_counts(s):
     return count
 
 
-def compute_status(s):
+def compute_status(s: InferenceSettings) -> dict[str, Any]:
     """The status of the dataset of `s` (settings.InferenceSettings), counted in generations (one per
     prompt with turns: last and one sample; one per turn and sample otherwise; budgetgen.conversations),
     of the identities that count (budgetgen.identity.Policy), per lane (`lanes`: each cell in each split,

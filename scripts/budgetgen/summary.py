@@ -4,11 +4,21 @@ the prompts it shares with other datasets; the storage forecast of an EAGLE-3 hi
 rows (budgetgen.forecast). A dataset of several lanes (budgetgen.mixture: mixture cells, a validation
 split) gets a row per lane after its own (`cell`, `split`), with the lane's budget line and share."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from . import conversations, journal, prompts
 from .raw_records import record_cell, record_split
 from .state import budget_state, lanes_of, lanes_state
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any
+
+    from .forecast import DumpShape
+    from .settings import InferenceSettings
 
 COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_tokens", "token_budget", "budget_share",
            "budget_pct", "status", "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors",
@@ -17,14 +27,17 @@ COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_token
            "tokens_per_turn"]
 
 
-def percentile(sorted_values, q):
+def percentile(sorted_values: Sequence[int], q: float) -> int:
     if not sorted_values:
         return 0
     i = min(len(sorted_values) - 1, max(0, int(round(q / 100.0 * (len(sorted_values) - 1)))))
     return sorted_values[i]
 
 
-def dataset_row(dataset, raw_path, budget, prompts_path, errors_path, tokenized_path=None, plan=None, accepts=None):
+def dataset_row(dataset: str, raw_path: str | os.PathLike, budget: int, prompts_path: str | os.PathLike,
+                errors_path: str | os.PathLike, tokenized_path: str | None = None,
+                plan: conversations.Plan | None = None,
+                accepts: Callable[[str], bool] | None = None) -> dict[str, str | int]:
     """One row; `plan`: the dataset's generation plan (default: turns last, one sample); `accepts(sha)`:
     whether errors of a generation identity count (identity.Policy.accepts; every one by default)."""
     lengths, cut, answered, per_turn = [], 0, set(), {}
@@ -81,7 +94,7 @@ def _length_stats(lengths, cut):
             "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00"}
 
 
-def row_tokens_by_cell(path):
+def row_tokens_by_cell(path: str | None) -> dict[str, tuple[int, int]]:
     """{cell: (rows, row tokens)} of a tokenized.arrow / validation.arrow (rows without a cell column:
     `default`); {} when the file is absent."""
     if not path or not os.path.exists(path):
@@ -99,7 +112,9 @@ def row_tokens_by_cell(path):
     return out
 
 
-def add_rows_and_forecast(row, tokenized, validation, shape, cell=None):
+def add_rows_and_forecast(row: dict[str, str | int], tokenized: Mapping[str, tuple[int, int]],
+                          validation: Mapping[str, tuple[int, int]], shape: DumpShape | None,
+                          cell: str | None = None) -> dict[str, str | int]:
     """The row's tokenized_rows / validation_rows, row_tokens (both files) and hidden_state_bytes (the
     storage forecast of a dump of those rows: budgetgen.forecast; empty without the model's config);
     `cell`: one cell's rows only."""
@@ -114,7 +129,9 @@ def add_rows_and_forecast(row, tokenized, validation, shape, cell=None):
     return row
 
 
-def lane_rows(dataset, raw_path, lanes, tokenized, validation, shape):
+def lane_rows(dataset: str, raw_path: str | os.PathLike, lanes: Mapping[str, Mapping[str, Any]],
+              tokenized: Mapping[str, tuple[int, int]], validation: Mapping[str, tuple[int, int]],
+              shape: DumpShape | None) -> list[dict[str, str | int]]:
     """A row per lane (`lanes`: the status's {key: LaneAccount.summary()} with the budget now), from the
     records of raw_responses.jsonl that finalize marked with their cell and split."""
     groups = {}
@@ -139,13 +156,13 @@ def lane_rows(dataset, raw_path, lanes, tokenized, validation, shape):
     return rows
 
 
-def format_tsv(rows):
+def format_tsv(rows: Iterable[Mapping[str, object]]) -> str:
     out = ["\t".join(COLUMNS)]
     out += ["\t".join(str(r[c]) for c in COLUMNS) for r in rows]
     return "\n".join(out) + "\n"
 
 
-def mixture_status(s):
+def mixture_status(s: InferenceSettings) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str]:
     """(status, {lane: account}, state) of a dataset of several lanes (settings.InferenceSettings `s`):
     its state is every lane's (budgetgen.state.lanes_state: met only when every lane is), the one
     summary.tsv, the report's figures and the done marker say."""

@@ -22,14 +22,23 @@ passed is remembered per tokenizer files (their hash holds the template text) an
 process and in a marker file under cache_dir, so the Snakefile's parse in every job skips the load.
 """
 
+from __future__ import annotations
+
 import difflib
 import hashlib
 import json
 import os
+from typing import TYPE_CHECKING
 
 from .settings import dataset_mixture
 from .state import looks_local
 from .turn_format import load_tokenizer, prepare_messages, tokenizer_sha256
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Container, Iterable, Mapping
+    from typing import Any
+
+    from transformers import PreTrainedTokenizerBase
 
 CHECK_VERSION = 1  # part of the cache key: a change of the rules here invalidates earlier passes
 # What apply_chat_template itself hands the template (besides the tokenizer's special tokens): read,
@@ -46,7 +55,7 @@ _SAMPLES = (
 _passed = set()  # cache keys of checks that passed in this process
 
 
-def kwargs_places(config):
+def kwargs_places(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """[(dotted config key of a chat_template_kwargs, its dict)] of every place the config gives one."""
     out = []
 
@@ -63,7 +72,7 @@ def kwargs_places(config):
     return out
 
 
-def template_variables(template):
+def template_variables(template: str) -> frozenset[str] | None:
     """The variables a chat template reads from its context (jinja2.meta, in transformers' environment,
     whose globals such as raise_exception are not among them); None if it does not compile."""
     import jinja2
@@ -86,13 +95,14 @@ def template_variables(template):
         return None
 
 
-def tokenizer_templates(tokenizer):
+def tokenizer_templates(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """The chat template texts of a loaded tokenizer: one, or each of its named templates."""
     template = tokenizer.chat_template
     return list(template.values()) if isinstance(template, dict) else [template]
 
 
-def key_problem(places, variables, switches, path):
+def key_problem(places: Iterable[tuple[str, Mapping[str, Any]]], variables: Container[str], switches: Iterable[str],
+                path: str) -> str | None:
     """The first kwarg key that the template does not read, as one line; None if all are read.
     variables: what the template reads; switches: those a user would set (for the listing)."""
     for where, kwargs in places:
@@ -107,7 +117,7 @@ def key_problem(places, variables, switches, path):
     return None
 
 
-def render_problem(config, render):
+def render_problem(config: dict[str, Any], render: Callable[[dict[str, Any]], list[str | None]]) -> str | None:
     """Two cells of a dataset whose chat_template_kwargs differ but render the same sample prompts, as
     one line; None otherwise. render(kwargs) -> [text or None per sample conversation]."""
     renders = {}
@@ -136,7 +146,7 @@ def render_problem(config, render):
     return None
 
 
-def check_tokenizer(config, tokenizer):
+def check_tokenizer(config: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> str | None:
     """Both checks against a loaded tokenizer: one line, or None."""
     places = kwargs_places(config)
     variables = set()
@@ -163,7 +173,7 @@ def check_tokenizer(config, tokenizer):
     return render_problem(config, render)
 
 
-def cache_key(config):
+def cache_key(config: dict[str, Any]) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     t = config["tokenizer"]
@@ -178,7 +188,7 @@ def cache_key(config):
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def template_problem(config, cache_dir=None):
+def template_problem(config: dict[str, Any], cache_dir: str | None = None) -> str | None:
     """The config's chat_template_kwargs checked against tokenizer.path's chat template (module
     docstring): one line naming the key, or None (also when the check does not apply). cache_dir: a
     folder for the markers of passed checks (None: remembered in this process only)."""

@@ -8,6 +8,8 @@ row per generated turn), its `prompt_id`, generation `identity` and mixture `cel
 `datasets.Dataset.from_file` reads.
 """
 
+from __future__ import annotations
+
 import itertools
 import json
 import os
@@ -15,6 +17,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from budgetgen.conversations import record_place, record_prompt_id
 from budgetgen.errors import UserError
@@ -29,6 +32,11 @@ from budgetgen.turn_format import (
     package_versions,
     tokenizer_sha256,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class TokenizeOptions:
     config_sha256: str | None = None
     batch_size: int = 512
 
-    def encoder(self, tokenizer):
+    def encoder(self, tokenizer: PreTrainedTokenizerBase) -> RowEncoder:
         """The RowEncoder these options make of a loaded tokenizer."""
         return RowEncoder(tokenizer, self.max_length, self.chat_template_kwargs, self.use_server_token_ids,
                           self.reasoning_tags, self.split)
@@ -194,7 +202,7 @@ def _worker_encode(chunk):
     return _encode_chunk(encoder, chunk, input_path)
 
 
-def format_summary(rows, skipped):
+def format_summary(rows: int, skipped: Mapping[str, int]) -> str:
     total = sum(skipped.values())
     if not total:
         return f"Tokenized: {rows} (0 skipped)"
@@ -293,7 +301,8 @@ def _encoded_batches(o, tokenizer, input_path):
         pool.join()
 
 
-def tokenize_file(input_path, output_path, options, log=print):
+def tokenize_file(input_path: str | os.PathLike, output_path: str | os.PathLike, options: TokenizeOptions,
+                  log: Callable[[str], object] = print) -> dict[str, int | dict[str, int]]:
     """Tokenize a raw_responses.jsonl into an Arrow IPC stream file under `options` (TokenizeOptions);
     return the stats.
 

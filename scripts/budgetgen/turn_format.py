@@ -4,14 +4,23 @@ JSON messages, and TurnFormat, the end-of-turn token and reasoning delimiters de
 and its template (never from a list of known models), with the rules that rebuild a model's raw output
 from a record's content and reasoning (budgetgen.rows uses them for the text fallback)."""
 
+from __future__ import annotations
+
 import hashlib
 import json
 import operator
 import os
 import re
+from typing import TYPE_CHECKING
 
 from budgetgen.errors import UserError
 from budgetgen.state import looks_local
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+    from transformers import PreTrainedTokenizerBase
 
 # Reasoning delimiters: a pair of tags named in the chat template (`<think>`, `<mm:think>`, ...), those
 # that are tokens of the tokenizer first; else the first of these pairs the tokenizer has as tokens; else
@@ -31,7 +40,7 @@ _RESERVED_KWARGS = {
 
 
 
-def load_tokenizer(path, trust_remote_code=False):
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """AutoTokenizer.from_pretrained(path): fast (tokenizers) or slow (Python, e.g. Kimi-K2's TikToken
     tokenizer, which needs trust_remote_code for the module its auto_map names), with a chat template."""
     name = os.fspath(path)
@@ -59,14 +68,14 @@ def load_tokenizer(path, trust_remote_code=False):
     return tokenizer
 
 
-def chat_template_sha256(tokenizer):
+def chat_template_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     template = tokenizer.chat_template
     if not isinstance(template, str):
         template = json.dumps(template, sort_keys=True)
     return hashlib.sha256(template.encode("utf-8")).hexdigest()
 
 
-def tokenizer_sha256(path):
+def tokenizer_sha256(path: str) -> str:
     """Hash of the tokenizer's files (vocab, merges, config, template), for provenance."""
     h = hashlib.sha256()
     if os.path.isdir(path):
@@ -82,7 +91,7 @@ def tokenizer_sha256(path):
     return h.hexdigest()
 
 
-def package_versions():
+def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
@@ -97,7 +106,7 @@ def package_versions():
     return out
 
 
-def check_options(max_length, chat_template_kwargs):
+def check_options(max_length: object, chat_template_kwargs: object) -> None:
     try:
         ok = not isinstance(max_length, bool) and operator.index(max_length) >= 1
     except TypeError:
@@ -116,7 +125,7 @@ def check_options(max_length, chat_template_kwargs):
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-def prepare_messages(conversation):
+def prepare_messages(conversation: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What apply_chat_template does to plain (JSON) messages: drop None values, alias reasoning."""
     out = []
     for m in conversation:
@@ -132,7 +141,7 @@ def prepare_messages(conversation):
     return out
 
 
-def special_ids(tokenizer):
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """Ids of the tokenizer's special tokens (declared special, or added tokens marked special)."""
     ids = {int(i) for i in tokenizer.all_special_ids}
     for idx, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
@@ -202,16 +211,16 @@ class TurnFormat:
                     return int(t)
         return int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else None
 
-    def prefilled(self, prompt_text):
+    def prefilled(self, prompt_text: str) -> bool:
         """Whether the generation prompt already opens the reasoning (QwQ, R1, Qwen3.5, V3.1 thinking)."""
         return bool(self.open_tag) and prompt_text.rstrip().endswith(self.open_tag)
 
-    def closed(self, prompt_text):
+    def closed(self, prompt_text: str) -> bool:
         """Whether the generation prompt ends with a closed think block (thinking off: Qwen3's
         `<think>\n\n</think>\n\n`, V3.1's `</think>`): the model writes no think block."""
         return bool(self.close_tag) and prompt_text.rstrip().endswith(self.close_tag)
 
-    def completion_text(self, message, prompt_text, finish_reason):
+    def completion_text(self, message: Mapping[str, Any], prompt_text: str, finish_reason: str | None) -> str | None:
         """The model's raw output for a generated message, or None if it cannot be rebuilt (rules: the
         module docstring). Reasoning is kept as the server streamed it, whitespace included."""
         content = message.get("content") or ""
@@ -229,13 +238,13 @@ class TurnFormat:
         return self.open_tag + reasoning + close + content
 
 
-def as_parts(conversation):
+def as_parts(conversation: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """String contents as one OpenAI text part each (other contents unchanged)."""
     return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
             for m in conversation]
 
 
-def record_kwargs(record, default):
+def record_kwargs(record: Mapping[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     """The chat_template_kwargs the record's request used (its params.extra_body), else `default`."""
     params = record.get("params")
     if not isinstance(params, dict):

@@ -15,12 +15,22 @@ was replaced or shrank. Records count under the generation identities that count
 Rates come from the records themselves: a record's completion is its `created` + `latency_s`.
 """
 
+from __future__ import annotations
+
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import conversations, journal, prompts, state
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from rich.table import Table
+
+    from .settings import InferenceSettings
 
 WINDOW_S = 60.0
 
@@ -40,11 +50,11 @@ class DatasetView:
     errors: int
 
     @property
-    def pct(self):
+    def pct(self) -> float:
         return 100.0 * self.tokens / self.budget if self.budget else 100.0
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         return self.state in (state.MET, state.EXHAUSTED)
 
 
@@ -75,7 +85,7 @@ class Watcher:
             cached = self.generations[s.dataset] = (mtime, sum(c.n_turns for c in chain_list))
         return cached[1]
 
-    def view(self, s, now):
+    def view(self, s: InferenceSettings, now: float) -> DatasetView:
         f = self.followers[s.dataset].refresh()
         files = state.DatasetFiles(journal=s.paths.journal, done=s.paths.done, status=s.paths.status,
                                    prompts=s.paths.prompts)
@@ -98,7 +108,7 @@ class Watcher:
         return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,
                            tok_s, eta, len(errored - f.ids))
 
-    def views(self, now=None):
+    def views(self, now: float | None = None) -> list[DatasetView]:
         now = time.time() if now is None else now
         out = []
         for s in self.settings:
@@ -109,7 +119,7 @@ class Watcher:
         return out
 
 
-def total(views):
+def total(views: Sequence[DatasetView]) -> tuple[int, int, int, float, float | None]:
     """(tokens, budget, tokens left of the datasets not finished, tok/s, ETA seconds or None)."""
     left = sum(max(0, v.budget - v.tokens) for v in views if not v.finished)
     tps = sum(v.tok_s for v in views)
@@ -121,7 +131,7 @@ TSV_COLUMNS = ["dataset", "tokens", "budget", "budget_pct", "responses", "genera
                "state", "tok_s", "req_s", "eta_s", "errors"]
 
 
-def format_tsv(views):
+def format_tsv(views: Sequence[DatasetView]) -> str:
     lines = ["\t".join(TSV_COLUMNS)]
     for v in views:
         lines.append("\t".join(str(x) for x in (
@@ -161,7 +171,7 @@ def _rows(views):
     return out
 
 
-def format_plain(views, title):
+def format_plain(views: Sequence[DatasetView], title: str) -> str:
     """The table as plain text (no escape sequences, no box drawing: a pipe, a file, a CI log), the
     title first and the total line last, below a rule."""
     rows = []
@@ -182,7 +192,7 @@ def format_plain(views, title):
     return "\n".join([title] + body) + "\n"
 
 
-def render(views, title):
+def render(views: Sequence[DatasetView], title: str) -> Table:
     """A rich Table of the views (progress bars of tokens of the budget, or of generations for a
     dataset being exhausted) and the total line: for a terminal (format_plain elsewhere)."""
     from rich.progress_bar import ProgressBar

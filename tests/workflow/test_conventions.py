@@ -241,3 +241,21 @@ def test_dataset_paths_are_written_once_and_rules_hand_their_files_to_the_script
     for script in ("run_inference.py", "budget_status.py", "finalize.py", "tokenize_responses.py"):
         text = (REPO / "scripts" / script).read_text()
         assert "snakemake_paths(smk.input, smk.output)" in text and "files=declared_files(a)" in text, script
+
+
+def test_the_product_packages_public_functions_carry_type_hints():
+    """Every public function and method of budgetgen (a name without a leading underscore, of the module
+    or of a public class) annotates its parameters and its return."""
+    bare = []
+    for path in sorted((REPO / "scripts" / "budgetgen").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            functions = [node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                functions = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for f in functions:
+                if f.name.startswith("_"):
+                    continue
+                args = [a for a in f.args.args + f.args.kwonlyargs if a.arg not in ("self", "cls")]
+                if f.returns is None or any(a.annotation is None for a in args):
+                    bare.append(f"{path.name}:{f.lineno} {f.name}")
+    assert not bare, "public functions without type hints: " + ", ".join(bare)
