@@ -15,6 +15,7 @@ from budgetgen import prompts
 from budgetgen.configfile import load_config
 from budgetgen.errors import entry_point
 from budgetgen.fsutil import atomic_output
+from budgetgen.mixture import VALIDATION
 from budgetgen.settings import InferenceSettings
 from budgetgen.summary import (
     add_rows_and_forecast,
@@ -57,13 +58,12 @@ def main(argv=None, config=None):
             rows.append(row)
             continue
         st, lanes, row["status"] = mixture_status(s)
-        for key, lane in lanes.items():
-            held = st["lanes"].get(key) or {}
-            lane.update(cell=held.get("cell", key.split("/")[0]), split=held.get("split", "train"),
-                        prompts=held.get("prompts", ""),
-                        errors=held.get("errors", 0), budget_share=(held.get("share") or 0)
-                        * (s.mixture.validation_share if held.get("split") == "validation"
-                           else 1 - s.mixture.validation_share))
+        for lane_obj in s.mixture.lanes:  # the lanes as objects: cell, split and share are theirs
+            held = st["lanes"].get(lane_obj.key) or {}
+            split_share = (s.mixture.validation_share if lane_obj.split == VALIDATION
+                           else 1 - s.mixture.validation_share)
+            lanes[lane_obj.key].update(cell=lane_obj.cell.name, split=lane_obj.split, prompts=held.get("prompts", ""),
+                                       errors=held.get("errors", 0), budget_share=lane_obj.cell.share * split_share)
         rows += [row] + lane_rows(name, s.paths.raw_responses, lanes, tokenized, validation, s.forecast)
     text = format_tsv(rows)
     with atomic_output(a.output) as f:
