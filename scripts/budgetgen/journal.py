@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import UserError
+from .identity import record_settings, record_sha
 from .journal_write import (
     JournalLock,
     JournalWriter,
@@ -162,8 +163,6 @@ def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str],
     (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in
     full only where the head and tail do not say
     enough (a record without a stored identity; an identity's first record, for its settings)."""
-    from .identity import record_settings, record_sha
-
     state = JournalState(path=os.fspath(path))
     if repair:
         state.repaired_bytes = repair_tail(path)
@@ -208,8 +207,6 @@ def iter_records(path: str | os.PathLike,
                  accepts: Callable[[str], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only, of the
     identities `accepts` takes (all by default; see scan)."""
-    from .identity import record_sha
-
     seen = set()
     for lineno, line in whole_lines(path):
         rid, _, rec = parse_line(line, f"{path}:{lineno}")
@@ -223,8 +220,6 @@ def records_by_id(path: str | os.PathLike, ids: Iterable[str],
                   accepts: Callable[[str], bool] | None = None) -> dict[str, dict[str, Any]]:
     """{id: record} of the first whole record of each of `ids` among the identities `accepts` takes
     (only those lines are parsed in full): the turns a resumed conversation continues from."""
-    from .identity import record_sha
-
     wanted, found = set(ids), {}
     if not wanted:
         return found
@@ -243,8 +238,6 @@ def records_by_id(path: str | os.PathLike, ids: Iterable[str],
 def errors_by_identity(errors_path: str | os.PathLike) -> dict[str, set[str]]:
     """{identity sha: ids} of the permanent errors in errors.jsonl, every record read (one id may have
     failed under several settings). An error holds only under the identity that produced it."""
-    from .identity import record_sha
-
     found = {}
     for lineno, line in whole_lines(errors_path):
         rid, _, rec = parse_line(line, f"{errors_path}:{lineno}")
@@ -311,8 +304,6 @@ class JournalFollower:
         return self
 
     def _count(self, line):
-        from .identity import record_settings, record_sha
-
         where = f"{self.path}:{self.lineno}"
         rid, tokens, rec = parse_line(line, where)
         sha = record_sha(rec, where)

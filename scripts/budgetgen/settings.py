@@ -184,8 +184,8 @@ class DatasetPaths:
     def of(cls, config: dict[str, Any], dataset: str) -> DatasetPaths:
         own = config["datasets"][dataset]
         at = {k: v.format(dataset=dataset) for k, v in cls.PATTERNS.items()}
-        prompts = at.pop("imported_prompts") if own.get("source") is not None else own["prompts"]
-        at.pop("imported_prompts", None)
+        imported = at.pop("imported_prompts")
+        prompts = imported if own.get("source") is not None else own["prompts"]
         return cls(dataset=dataset, prompts=prompts, **at)
 
     def with_files(self, files: Mapping[str, str]) -> DatasetPaths:
