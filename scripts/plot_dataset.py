@@ -10,7 +10,7 @@ from budgetgen import plots
 from budgetgen.conversations import TURNS, Plan
 from budgetgen.errors import UserError, entry_point
 from budgetgen.settings import InferenceSettings, generation_plan
-from budgetgen.summary import dataset_row, mixture_status
+from budgetgen.summary import dataset_row, mixture_status, read_raw
 
 
 def main(argv=None):
@@ -41,7 +41,7 @@ def main(argv=None):
     error_records = plots.load_records(a.errors)
     if a.samples_per_prompt < 1:
         ap.error("--samples-per-prompt must be at least 1")
-    row = dataset_row(a.dataset, a.raw, a.budget, a.prompts, a.errors,
+    row = dataset_row(a.dataset, read_raw(a.raw), a.budget, a.prompts, a.errors,
                       plan=Plan(turns=a.turns, samples=a.samples_per_prompt))
     if a.state:
         row["status"] = a.state

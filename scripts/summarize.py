@@ -23,6 +23,7 @@ from budgetgen.summary import (
     format_tsv,
     lane_rows,
     mixture_status,
+    read_raw,
     row_tokens_by_cell,
 )
 
@@ -48,7 +49,8 @@ def main(argv=None, config=None):
     all_settings = {name: InferenceSettings.from_config(config, name) for name in sorted(config["datasets"])}
     shared = cross_dataset_duplicates(all_settings)
     for name, s in all_settings.items():
-        row = dataset_row(name, s.paths.raw_responses, s.budget, s.paths.prompts, s.paths.errors,
+        raw = read_raw(s.paths.raw_responses)  # read once: the dataset's row and its lanes'
+        row = dataset_row(name, raw, s.budget, s.paths.prompts, s.paths.errors,
                           s.paths.tokenized, s.plan, s.policy.accepts)
         tokenized = row_tokens_by_cell(s.paths.tokenized)
         validation = row_tokens_by_cell(s.paths.validation) if s.mixture.validation_share > 0 else {}
@@ -64,7 +66,7 @@ def main(argv=None, config=None):
                            else 1 - s.mixture.validation_share)
             lanes[lane_obj.key].update(cell=lane_obj.cell.name, split=lane_obj.split, prompts=held.get("prompts", ""),
                                        errors=held.get("errors", 0), budget_share=lane_obj.cell.share * split_share)
-        rows += [row] + lane_rows(name, s.paths.raw_responses, lanes, tokenized, validation, s.forecast)
+        rows += [row] + lane_rows(name, raw, lanes, tokenized, validation, s.forecast)
     text = format_tsv(rows)
     with atomic_output(a.output) as f:
         f.write(text)

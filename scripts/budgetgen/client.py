@@ -139,6 +139,7 @@ class StreamedResponse:
         if chunk_usage:
             self.usage = chunk_usage
         n_ids = n_chars = 0
+        choice_ids = engine.ids_in_choices
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             piece = delta.get("content")
@@ -149,12 +150,13 @@ class StreamedResponse:
             if think:
                 self.reasoning.append(think)
                 n_chars += len(think)
-            prompt_ids, ids = engine.choice_ids(choice)
-            if self.want_ids and prompt_ids:
-                self.prompt_ids = prompt_ids
-            if ids:
-                self.token_ids.extend(ids)
-                n_ids += len(ids)
+            if choice_ids:
+                prompt_ids, ids = engine.choice_ids(choice)
+                if self.want_ids and prompt_ids:
+                    self.prompt_ids = prompt_ids
+                if ids:
+                    self.token_ids.extend(ids)
+                    n_ids += len(ids)
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
         if n_chars or n_ids:

@@ -4,7 +4,7 @@ The client (budgetgen.client) speaks OpenAI chat-completions streaming to every 
 dialect for what differs: the request fields that ask for token ids, where the ids come back, which
 delta fields carry reasoning, whether per-chunk usage is sent, how an error object reads, and the
 hint a user gets when the ids do not come. No other module knows an engine's field names
-(tests/workflow/test_conventions.py checks it).
+(tests/unit/test_conventions.py checks it).
 
 Each dialect names the release whose server source it was read from (`pip download --no-deps`, unzip,
 read; the README's engine table says what was read where):
@@ -43,6 +43,7 @@ class Dialect:
     ids_fields: tuple = ()  # request fields that ask for the prompt's and the generated ids while streaming
     ids_hint: str = ""  # what to do when the ids do not come
     continuous_usage: bool = True  # honours stream_options.continuous_usage_stats
+    ids_in_choices: bool = False  # choice_ids() may find ids in a chunk's choices (else it is never asked)
 
     @property
     def sends_ids(self) -> bool:
@@ -131,7 +132,7 @@ DIALECTS = {
     "openai": Dialect("openai", "any OpenAI-compatible server"),
     "vllm": VLLM(
         "vllm", "vLLM 0.33.0", reasoning_fields=("reasoning", "reasoning_content"),
-        ids_fields=("return_token_ids",),
+        ids_fields=("return_token_ids",), ids_in_choices=True,
         ids_hint="vLLM sends them with return_token_ids unless extra_body.include_reasoning is false (remove it); "
                  "for SGLang set server.return_token_ids: sglang"),
     "sglang": SGLang(

@@ -78,7 +78,7 @@ class RowEncoder:
 
     def __init__(self, tokenizer, max_length, chat_template_kwargs=None, use_server_ids=True, reasoning_tags=None,
                  split=None):
-        check_options(max_length, chat_template_kwargs)
+        # (max_length and chat_template_kwargs were checked by whoever built it: TokenizeOptions, encode_batch)
         self.tokenizer = tokenizer
         self.split = split  # the split whose records become rows (None: every record; budgetgen.mixture)
         self.reasoning_tags = tuple(reasoning_tags) if reasoning_tags else None
@@ -199,6 +199,7 @@ def encode_batch(tokenizer: PreTrainedTokenizerBase, records: Iterable[dict[str,
     ("no_supervised_tokens", "template_error", "server_token_ids_out_of_vocab",
     "reasoning_delimiters_unknown").
     """
+    check_options(max_length, chat_template_kwargs)
     encoder = RowEncoder(tokenizer, max_length, chat_template_kwargs, use_server_ids, reasoning_tags)
     records = [r if isinstance(r, dict) else {"messages": list(r), "finish_reason": "stop"} for r in records]
     results, _ = encoder.encode(records)

@@ -175,8 +175,7 @@ def status_rows(name: str, files: DatasetFiles, budget: int | dict[str, int], po
     lanes = lanes_of(info, budgets) if info else {k: {"tokens": 0, "budget": b, "exhausted": False}
                                                    for k, b in budgets.items()}
     responses = {k: int(((info.get("lanes") or {}).get(k) or {}).get("responses", 0)) for k in budgets}
-    done = read_json(files.done) if os.path.exists(files.done) else None
-    if (done is None or not counted_under(done, key)) and os.path.exists(files.journal):
+    if not finalized(files, key) and os.path.exists(files.journal):
         if not info or os.path.getsize(files.journal) != info.get("journal_bytes"):
             found = scan_journal(files.journal, policy)
             info = {**info, "tokens": found.tokens, "responses": found.records}
@@ -185,11 +184,8 @@ def status_rows(name: str, files: DatasetFiles, budget: int | dict[str, int], po
                 v["tokens"] = got.tokens if got else (found.tokens if len(lanes) == 1 else 0)
                 responses[k] = got.records if got else (found.records if len(lanes) == 1 else 0)
             read_now = True
-            changed = policy.changes(found.by_identity)
-            if changed:
-                state = refused_state(changed)
-            elif state in (FRESH, PARTIAL, MET) and lanes_state(lanes) == MET:
-                state = "met (journal; not finalized)"
+            state = journal_state(state, policy.changes(found.by_identity), lanes_state(lanes) == MET,
+                                  found.records > 0, done=False)
     if state == REFUSED:
         state = refused_state(info.get("settings_changed") or [])
     tokens = int(info.get("tokens", 0))
@@ -202,6 +198,29 @@ def status_rows(name: str, files: DatasetFiles, budget: int | dict[str, int], po
             rows.append((f"{name}/{k}", v["tokens"], v["budget"], max(0, v["budget"] - v["tokens"]), responses[k],
                          lane, read_now))
     return rows
+
+
+MET_BY_JOURNAL = "met (journal; not finalized)"
+
+
+def finalized(files: DatasetFiles, policy_key: Mapping[str, Any]) -> bool:
+    """Whether the inference job's done marker is there and counted under `policy_key`."""
+    done = read_json(files.done) if os.path.exists(files.done) else None
+    return done is not None and counted_under(done, policy_key)
+
+
+def journal_state(state: str, changed: Iterable[str] | None, met: bool, journaled: bool, done: bool) -> str:
+    """The state decide() gave, corrected by the journal counted now (the status table and the watch
+    view): settings `changed` that the job would refuse show as refused; every lane `met` by the
+    journal without a done marker that counts (`done`: finalized()) as MET_BY_JOURNAL; fresh with
+    records `journaled` as partial."""
+    if changed:
+        return refused_state(changed)
+    if state in (FRESH, PARTIAL, MET) and met and not done:
+        return MET_BY_JOURNAL
+    if state == FRESH and journaled:
+        return PARTIAL
+    return state
 
 
 def refused_state(changed: Iterable[str]) -> str:

@@ -7,6 +7,7 @@ split) gets a row per lane after its own (`cell`, `split`), with the lane's budg
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import conversations, journal, prompts
@@ -34,20 +35,44 @@ def percentile(sorted_values: Sequence[int], q: float) -> int:
     return sorted_values[i]
 
 
-def dataset_row(dataset: str, raw_path: str | os.PathLike, budget: int, prompts_path: str | os.PathLike,
+@dataclass
+class RawCounts:
+    """What the summary needs of raw_responses.jsonl, read once (read_raw): completion lengths and
+    responses cut at max_tokens, in all and per (cell, split) as finalize marked them, the ids
+    answered and the tokens per turn."""
+
+    lengths: list = field(default_factory=list)
+    cut: int = 0
+    answered: set = field(default_factory=set)
+    per_turn: dict = field(default_factory=dict)
+    groups: dict = field(default_factory=dict)  # (cell, split) -> ([lengths], [cut])
+
+
+def read_raw(raw_path: str | os.PathLike) -> RawCounts:
+    """One pass over raw_responses.jsonl (journal.iter_records: the validated raw-record reader)."""
+    out = RawCounts()
+    for _, rec in journal.iter_records(raw_path):
+        n = int((rec.get("usage") or {}).get("completion_tokens") or 0)
+        was_cut = rec.get("finish_reason") == "length"
+        out.lengths.append(n)
+        out.cut += was_cut
+        out.answered.add(str(rec["id"]))
+        turn = conversations.record_place(rec["id"], rec)[1]
+        out.per_turn[turn] = out.per_turn.get(turn, 0) + n
+        lane_lengths, lane_cut = out.groups.setdefault((record_cell(rec), record_split(rec)), ([], [0]))
+        lane_lengths.append(n)
+        lane_cut[0] += was_cut
+    return out
+
+
+def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | os.PathLike,
                 errors_path: str | os.PathLike, tokenized_path: str | None = None,
                 plan: conversations.Plan | None = None,
                 accepts: Callable[[str], bool] | None = None) -> dict[str, str | int]:
-    """One row; `plan`: the dataset's generation plan (default: turns last, one sample); `accepts(sha)`:
-    whether errors of a generation identity count (identity.Policy.accepts; every one by default)."""
-    lengths, cut, answered, per_turn = [], 0, set(), {}
-    for _, rec in journal.iter_records(raw_path):
-        n = int((rec.get("usage") or {}).get("completion_tokens") or 0)
-        lengths.append(n)
-        cut += rec.get("finish_reason") == "length"
-        answered.add(str(rec["id"]))
-        turn = conversations.record_place(rec["id"], rec)[1]
-        per_turn[turn] = per_turn.get(turn, 0) + n
+    """One row of `raw` (read_raw); `plan`: the dataset's generation plan (default: turns last, one
+    sample); `accepts(sha)`: whether errors of a generation identity count (identity.Policy.accepts;
+    every one by default)."""
+    lengths, cut, answered, per_turn = list(raw.lengths), raw.cut, raw.answered, raw.per_turn
     prompt_list = prompts.load_prompts(prompts_path, on_bad_line="skip").prompts
     n_prompts = len(prompt_list)
     chain_list = conversations.chains(prompt_list, plan or conversations.Plan())
@@ -129,20 +154,14 @@ def add_rows_and_forecast(row: dict[str, str | int], tokenized: Mapping[str, tup
     return row
 
 
-def lane_rows(dataset: str, raw_path: str | os.PathLike, lanes: Mapping[str, Mapping[str, Any]],
+def lane_rows(dataset: str, raw: RawCounts, lanes: Mapping[str, Mapping[str, Any]],
               tokenized: Mapping[str, tuple[int, int]], validation: Mapping[str, tuple[int, int]],
               shape: DumpShape | None) -> list[dict[str, str | int]]:
     """A row per lane (`lanes`: the status's {key: LaneAccount.summary()} with the budget now), from the
-    records of raw_responses.jsonl that finalize marked with their cell and split."""
-    groups = {}
-    for _, rec in journal.iter_records(raw_path):
-        key = (record_cell(rec), record_split(rec))
-        lengths, cut = groups.setdefault(key, ([], [0]))
-        lengths.append(int((rec.get("usage") or {}).get("completion_tokens") or 0))
-        cut[0] += rec.get("finish_reason") == "length"
+    records of raw_responses.jsonl (`raw`: read_raw) that finalize marked with their cell and split."""
     rows = []
     for v in lanes.values():
-        lengths, cut = groups.get((v["cell"], v["split"]), ([], [0]))
+        lengths, cut = raw.groups.get((v["cell"], v["split"]), ([], [0]))
         stats = _length_stats(lengths, cut[0])
         budget = v["budget"]
         row = {c: "" for c in COLUMNS}

@@ -61,6 +61,9 @@ class TokenizeOptions:
     config_sha256: str | None = None
     batch_size: int = 512
 
+    def __post_init__(self) -> None:
+        check_options(self.max_length, self.chat_template_kwargs)  # once, before any tokenizer loads
+
     def encoder(self, tokenizer: PreTrainedTokenizerBase) -> RowEncoder:
         """The RowEncoder these options make of a loaded tokenizer."""
         return RowEncoder(tokenizer, self.max_length, self.chat_template_kwargs, self.use_server_token_ids,
@@ -314,7 +317,6 @@ def tokenize_file(input_path: str | os.PathLike, output_path: str | os.PathLike,
     o = options
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     tokenizer_path = os.fspath(o.tokenizer)
-    check_options(o.max_length, o.chat_template_kwargs)
     if not os.path.isfile(input_path):
         raise UserError(f"{input_path}: no such file")
     # Loaded here even with workers: fails early with a clean error, and gives the template's hash.

@@ -55,7 +55,7 @@ class DatasetView:
 
     @property
     def finished(self) -> bool:
-        return self.state in (state.MET, state.EXHAUSTED)
+        return self.state in (state.MET, state.MET_BY_JOURNAL, state.EXHAUSTED)
 
 
 class Watcher:
@@ -90,21 +90,17 @@ class Watcher:
         files = state.DatasetFiles(journal=s.paths.journal, done=s.paths.done, status=s.paths.status,
                                    prompts=s.paths.prompts)
         st, _ = state.dataset_state(files, s.mixture.budgets(), s.policy.key())
-        changed = s.policy.changes(f.by_identity)
         if f.problem:
             st = f"error: {f.problem}"
-        elif changed:
-            st = state.refused_state(changed)
-        elif st in (state.FRESH, state.PARTIAL) and f.tokens >= s.budget and s.mixture.plain:
-            # (a mixture is met lane by lane: the status and the done marker say so)
-            st = state.MET
-        elif st == state.FRESH and f.records:
-            st = state.PARTIAL
+        else:  # (a mixture is met lane by lane: the status and the done marker say so)
+            st = state.journal_state(st, s.policy.changes(f.by_identity), f.tokens >= s.budget and s.mixture.plain,
+                                     f.records > 0, state.finalized(files, s.policy.key()))
         errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors).items()
                                 if s.policy.accepts(sha)))
         req_s, tok_s = f.rates(now, WINDOW_S)
         left = s.budget - f.tokens
-        eta = 0.0 if left <= 0 or st in (state.MET, state.EXHAUSTED) else (left / tok_s if tok_s > 0 else None)
+        finished = left <= 0 or st in (state.MET, state.MET_BY_JOURNAL, state.EXHAUSTED)
+        eta = 0.0 if finished else (left / tok_s if tok_s > 0 else None)
         return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,
                            tok_s, eta, len(errored - f.ids))
 

@@ -2,7 +2,7 @@
 
 import json
 
-from budgetgen.summary import COLUMNS, dataset_row, format_tsv
+from budgetgen.summary import COLUMNS, dataset_row, format_tsv, read_raw
 from budgetgen.tokenization import TokenizeOptions, tokenize_file
 from budgetgen_testkit.records import stamped
 
@@ -19,7 +19,7 @@ def test_summary_row_shows_tokenize_skips_per_reason(tmp_path, tiny_tokenizer):
     out = tmp_path / "tokenized.arrow"
     tokenize_file(str(raw), str(out), TokenizeOptions(tokenizer=tiny_tokenizer, max_length=256, max_skipped_pct=50),
                   log=lambda m: None)
-    row = dataset_row("D", str(raw), 100, str(prompts), str(tmp_path / "errors.jsonl"), str(out))
+    row = dataset_row("D", read_raw(str(raw)), 100, str(prompts), str(tmp_path / "errors.jsonl"), str(out))
     assert row["tokenized_rows"] == 2 and row["tokenize_skipped"] == "no_supervised_tokens=1"
     assert row["status"] == "exhausted" and row["responses"] == 3
     assert format_tsv([row]).splitlines()[0].split("\t") == COLUMNS
