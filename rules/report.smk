@@ -43,6 +43,12 @@ rule plots:
             category="{dataset}",
             labels={"figure": "6 turns"},
         ),
+        quality=report(
+            "results/{dataset}/plots/quality.svg",
+            caption="../report/quality.rst",
+            category="{dataset}",
+            labels={"figure": "7 quality gate"},
+        ),
     log:
         "logs/plots/{dataset}.log",
     benchmark:

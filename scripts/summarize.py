@@ -49,7 +49,8 @@ def main(argv=None, config=None):
     all_settings = {name: InferenceSettings.from_config(config, name) for name in sorted(config["datasets"])}
     shared = cross_dataset_duplicates(all_settings)
     for name, s in all_settings.items():
-        raw = read_raw(s.paths.raw_responses)  # read once: the dataset's row and its lanes'
+        # read once: the dataset's row and its lanes', each record's fate under its cell's quality gate
+        raw = read_raw(s.paths.raw_responses, [(c.name, c.gate) for c in s.mixture.cells], s.reasoning_tags)
         row = dataset_row(name, raw, s.budget, s.paths.prompts, s.paths.errors,
                           s.paths.tokenized, s.plan, s.policy.accepts)
         tokenized = row_tokens_by_cell(s.paths.tokenized)

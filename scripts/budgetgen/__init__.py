@@ -11,6 +11,7 @@ One module per concern:
   migration    journals written before identities: refused in one line, stamped once (migrate_journal.py)
   identity     every fingerprint (identity, layout, content key), the content keys, what a settings change does
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
+  quality      the quality gate: a response's facts (its journaled flags) and each cell's keep/flag/drop
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   prompts_check  every prompts file read at parse time: its first bad line, worker processes, a cache

@@ -1,6 +1,7 @@
 """The token budget and the dispatch rule.
 
-Budget = sum of usage.completion_tokens (reasoning included) of journaled responses.
+Budget = sum of usage.completion_tokens (reasoning included) of the journaled responses the quality
+gate keeps (budgetgen.quality; every response without a gate that drops).
 
 Dispatch rule: send another request only while
 
@@ -37,9 +38,7 @@ class _Fenwick:
 
     def __init__(self, n):
         self.n = max(2, n)
-        self.count = [0] * (self.n + 1)
-        self.total = [0] * (self.n + 1)
-        self.squares = [0] * (self.n + 1)
+        self.count, self.total, self.squares = ([0] * (self.n + 1) for _ in range(3))
 
     def _grow(self, n):
         old = [(i, self.query_point(i)) for i in range(self.n)]
@@ -76,36 +75,50 @@ class _Fenwick:
 
 
 class LengthModel:
-    """Empirical distribution of completion lengths; E[L | L > k] in O(log n)."""
+    """Empirical distribution of completion lengths; E[L | L > k] in O(log n).
+
+    With a quality gate (budgetgen.quality) each length is observed with its fate: the moments are those
+    of the kept contribution K = L if kept else 0 given L > k (the tree sums K; a request in flight shows
+    L). A gate dropping the truncated (L = max_tokens) makes a request that streamed far expected to
+    count little: the keep rate by length, learned from the journal. Without a drop K is L."""
 
     # Below this many observed lengths beyond k, blend with the prior: early in a run (or far in
     # the tail) a handful of samples would make the estimate jumpy.
     MIN_SAMPLES = 20
 
-    def __init__(self, max_tokens, lengths=()):
+    def __init__(self, max_tokens, lengths=(), kept=None):
         self.max_tokens = int(max_tokens)
         self.tree = _Fenwick(self.max_tokens + 2)
-        self.n = 0
-        self.sum = 0
-        self.squares = 0
+        self.n = self.sum = self.squares = 0
         self.largest = self.max_tokens  # no final length's mean or spread can exceed this (+ streamed)
         self.counts = {}  # length -> responses of that length
+        self.kept_counts = {}  # length -> responses of that length kept by the quality gate
+        self.dropped = 0  # responses the gate dropped (their K is 0)
         self.distinct = []  # the lengths seen, sorted
         self._view = None  # the CensoredLengths view inflight_moments reads (rebuilt as the lengths grow)
-        for length in lengths:
-            self.observe(length)
+        kept = kept if kept is not None else ()
+        for i, length in enumerate(lengths):
+            self.observe(length, kept[i] if i < len(kept) else True)
 
-    def observe(self, length: int) -> None:
+    def observe(self, length: int, kept: bool = True) -> None:
+        """One finished response of `length` completion tokens, `kept` by the quality gate or dropped."""
         length = max(0, int(length))
-        self.tree.add(length, 1, length, length * length)
+        value = length if kept else 0
+        self.tree.add(length, 1, value, value * value)
         self.n += 1
-        self.sum += length
-        self.squares += length * length
+        self.sum += value
+        self.squares += value * value
         self.largest = max(self.largest, length)
         if length not in self.counts:
             bisect.insort(self.distinct, length)
             self.counts[length] = 0
+            self.kept_counts[length] = 0
         self.counts[length] += 1
+        self.kept_counts[length] += bool(kept)
+        self.dropped += not kept
+
+    def floor(self, k: int) -> float:  # the least a request that streamed k can count (0 once one was dropped)
+        return 0.0 if self.dropped else k + 1.0
 
     def beyond(self, k: int) -> int:
         """How many observed lengths exceed k."""
@@ -158,7 +171,7 @@ class LengthModel:
             mixed = mean * w + prior_mean * (1 - w)
             var = w * var + (1 - w) * prior_var + w * (1 - w) * (mean - prior_mean) ** 2
             mean = mixed
-        return min(max(mean, k + 1.0), cap), var
+        return min(max(mean, self.floor(k)), cap), var
 
     # What final_moments(streamed) can return, proved here; DispatchPolicy's shortcut rests on it.
     # Let k = max(0, int(streamed)), a = k + 1, cap = max(max_tokens, a), and D = max(largest, a) - a
@@ -182,9 +195,12 @@ class LengthModel:
 
     def moment_bounds(self, streamed: float) -> tuple[float, float]:
         """Upper bounds of final_moments(streamed): (mean, variance); see the proof above. The
-        first does not decrease, the second does not increase, as `streamed` grows."""
+        first does not decrease, the second does not increase, as `streamed` grows. Once the gate
+        dropped a response the values lie in [0, largest] (a dropped one counts 0): the proof holds
+        with a = 0, D = largest."""
         a = max(0, int(streamed)) + 1
-        return float(max(self.max_tokens, a)), self.VAR_BOUND * float(max(self.largest - a, 0)) ** 2
+        spread = self.largest if self.dropped else max(self.largest - a, 0)
+        return float(max(self.max_tokens, a)), self.VAR_BOUND * float(spread) ** 2
 
     def expected_final(self, streamed: float) -> float:
         """Expected final length of a request that has produced `streamed` tokens so far."""
@@ -210,7 +226,7 @@ class CensoredLengths:
     def __init__(self, model, inflight_streamed):
         self.model = model
         cens = sorted(max(0, int(k)) for k in inflight_streamed)
-        points, masses = [], []
+        points, masses, keep = [], [], []  # keep: the share of each point's responses the gate kept
         alive, finished_below, ci, n_cens = 1.0, 0, 0, len(cens)
         for t in model.distinct:
             while ci < n_cens and cens[ci] < t - 1:  # no longer at risk at t (known only to exceed k < t - 1)
@@ -220,6 +236,7 @@ class CensoredLengths:
             p = alive * d / at_risk
             points.append(t)
             masses.append(p)
+            keep.append(model.kept_counts[t] / d)
             alive -= p
             finished_below += d
         if alive > 1e-12 and n_cens:
@@ -228,11 +245,12 @@ class CensoredLengths:
             else:
                 points.append(model.largest)
                 masses.append(alive)
-        # suffix sums: mass, mass * t, mass * t^2 of the support points from index j on
+                keep.append(1.0)  # beyond every finished response: counted as kept (the pessimistic end)
+        # suffix sums: mass, mass * K, mass * K^2 of the support points from index j on (K = t where kept)
         w, m, q = [0.0] * (len(points) + 1), [0.0] * (len(points) + 1), [0.0] * (len(points) + 1)
         for j in range(len(points) - 1, -1, -1):
-            t, p = points[j], masses[j]
-            w[j], m[j], q[j] = w[j + 1] + p, m[j + 1] + p * t, q[j + 1] + p * t * t
+            t, p, f = points[j], masses[j], keep[j]
+            w[j], m[j], q[j] = w[j + 1] + p, m[j + 1] + p * f * t, q[j + 1] + p * f * t * t
         self.points, self.w, self.m, self.q = points, w, m, q
         self.built_n = model.n
 
@@ -247,6 +265,7 @@ class CensoredLengths:
             counts[t] += c
         self.a_beyond = model.n - np.cumsum(counts)  # [k]: finished lengths > k
         self.max_tokens = model.max_tokens
+        self.any_dropped = bool(model.dropped)
         # the moments beyond each support index, for requests with MIN_SAMPLES finished lengths beyond
         # them (no blend with the prior: most of a long run)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -264,7 +283,8 @@ class CensoredLengths:
         c = self.a_beyond[np.minimum(k, len(self.a_beyond) - 1)]
         if c.min() >= LengthModel.MIN_SAMPLES and mass.min() > 1e-12:  # no blend: the moments as they are
             cap = np.maximum(self.max_tokens, k + 1)
-            return float(np.minimum(np.maximum(self.a_mean[j], k + 1), cap).sum()), float(self.a_var[j].sum())
+            low = 0 if self.any_dropped else k + 1
+            return float(np.minimum(np.maximum(self.a_mean[j], low), cap).sum()), float(self.a_var[j].sum())
         c = c.astype(np.float64)
         empty = (mass <= 1e-12) | (c <= 0)
         safe = np.where(empty, 1.0, mass)
@@ -278,7 +298,7 @@ class CensoredLengths:
         w = np.minimum(1.0, c / LengthModel.MIN_SAMPLES)
         var = w * var + (1 - w) * prior_var + w * (1 - w) * (mean - prior_mean) ** 2
         mean = mean * w + prior_mean * (1 - w)
-        mean = np.minimum(np.maximum(mean, k + 1.0), cap)
+        mean = np.minimum(np.maximum(mean, 0.0 if self.any_dropped else k + 1.0), cap)
         return float(mean.sum()), float(var.sum())
 
     def final_moments(self, streamed: float) -> tuple[float, float]:

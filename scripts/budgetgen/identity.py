@@ -116,6 +116,11 @@ def sha_of(settings: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(settings).encode()).hexdigest()[:SHA_LEN]
 
 
+def gates_sha(gates: Iterable[tuple[str, Mapping[str, Any]]]) -> str:
+    """The quality sha of a dataset: its cells' quality gates ((name, Gate.describe()), ...)."""
+    return sha_of({"quality": [[name, dict(g)] for name, g in gates]})
+
+
 def layout_sha(cells: Iterable[tuple[str, str]], validation_share: float, seed: int) -> str:
     """The layout sha of a mixture: what its lanes' counts depend on besides the budget, the cells'
     identities ((name, identity sha), ...) and the validation split (its share, and the seed that
@@ -204,12 +209,14 @@ class Policy:
     A dataset of one cell has one current identity; a mixture (budgetgen.mixture) one per cell, `cells`
     ((name, Identity), ...) in config order, `current` the first. `layout`: the sha of the dataset's
     lanes (cells, validation split) when it is not one plain cell; counts made under another layout
-    are not trusted (a prompt's split or cell may differ)."""
+    are not trusted (a prompt's split or cell may differ). `quality`: the sha of the cells' quality
+    gates (gates_sha): counts of kept tokens made under other gates are not trusted either."""
 
     current: Identity
     on_change: str = "refuse"
     cells: tuple = ()
     layout: str | None = None
+    quality: str | None = None
 
     @property
     def identities(self) -> tuple[tuple[str, Identity], ...]:
@@ -225,8 +232,9 @@ class Policy:
 
     def key(self) -> dict[str, str | None]:
         """What the status and the done marker record: counts made under another key are not trusted. The
-        identity (of the first cell) and, for a mixture, the layout sha of its lanes (layout_sha)."""
-        return {"identity": self.current.sha, "layout": self.layout, "on_settings_change": self.on_change}
+        identity (of the first cell), for a mixture the layout sha of its lanes (layout_sha), the gates'."""
+        return {"identity": self.current.sha, "layout": self.layout, "on_settings_change": self.on_change,
+                "quality": self.quality}
 
     def cell_of(self, sha: str, named: str | None = None) -> str:
         """The cell a record of identity `sha` belongs to: the cell of that identity now; else (extend)

@@ -33,7 +33,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from . import conversations, journal
+from . import conversations, journal, quality
 from .budget import overshoot_pct
 from .client import ChatClient, PermanentError, TransientError
 from .errors import UserError
@@ -89,14 +89,14 @@ class InferenceJob:
         rs, chain, gid = self.run_state, gen.chain, gen.id
         self.last_ok = time.monotonic()
         rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, attempts,
-                                      {**lr.where(), **chain.where(gen.k)})
+                                      {**lr.where(), **chain.where(gen.k)}, self.s.reasoning_tags)
         self.writer.append(rec)
         if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue
             lr.queue.appendleft(Generation(chain, gen.k + 1, rec, lane=lr.key))
         else:
             self.client.pool.forget(chain.id)
         tokens = int(res.usage.get("completion_tokens") or 0)
-        rs.count(lr, gid, tokens)
+        rs.count(lr, gid, tokens, lr.cell.gate.fate(rec["flags"], tokens))
         self.stats.rates.add(tokens)
         self.stats.responses += 1
         self.errors.success()
@@ -296,6 +296,7 @@ def finish(job: InferenceJob) -> int:
     s, rs, stats = job.s, job.run_state, job.stats
     st = rs.journaled
     lanes = {k: {"tokens": lr.tokens, "budget": lr.lane.budget, "responses": lr.records,
+                 "generated_tokens": lr.generated_tokens, "dropped": dict(lr.dropped),
                  "exhausted": not job.deferred and lr.nothing_left(st.ids, rs.pool[lr.lane.split])}
              for k, lr in rs.lanes.items()}
     state = lanes_state(lanes)
@@ -318,7 +319,9 @@ def finish(job: InferenceJob) -> int:
         raise UserError(f"no response from the server for any prompt: {stats.errors} failed permanently "
                         f"in this run{why}; nothing recorded; fix the server or settings and rerun")
     job.errors.flush()
-    log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses, budget {s.budget} "
+    dropped = (f" (generated {st.generated_tokens}; dropped by the quality gate: {quality.dropped_text(st.dropped)})"
+               if st.dropped else "")
+    log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses{dropped}, budget {s.budget} "
              f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} tokens, "
              f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
              + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
@@ -326,13 +329,15 @@ def finish(job: InferenceJob) -> int:
     if len(lanes) > 1:
         log.info("Lanes: " + "; ".join(
             f"{k}: {v['tokens']}/{v['budget']} ({overshoot_pct(v['tokens'], v['budget']):+.3f}%), "
-            f"{v['responses']} responses, {lanes_state({k: v})}" for k, v in lanes.items()))
+            f"{v['responses']} responses" + (f" (dropped {quality.dropped_text(v['dropped'])})" if v["dropped"] else "")
+            + f", {lanes_state({k: v})}" for k, v in lanes.items()))
     job.progress.to_terminal(f"done: {state}")
     if state == "partial":
         note_cause(f"stopped short of the budget at {st.tokens} of {s.budget} tokens (partial); rerun to resume")
         return 1
     write_json_atomic(s.paths.done, {
-        "dataset": s.dataset, "state": state, "tokens": st.tokens, "responses": st.records,
+        "dataset": s.dataset, "state": state, "tokens": st.tokens, "generated_tokens": st.generated_tokens,
+        "dropped": dict(st.dropped), "responses": st.records,
         "budget": s.budget, "prompts": len(rs.prompt_ids), "conversations": len(rs.chains),
         "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
         "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,

@@ -39,18 +39,23 @@ from .journal_write import (
     repair_tail,
     response_record,
 )
+from .quality import KEPT, record_flags
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from typing import Any
 
+    from .quality import Fate, Gate
+
 __all__ = ["JournalLock", "JournalWriter", "append_error", "encode_record", "repair_tail", "response_record",
-           "whole_lines", "parse_line_fast", "parse_line", "scan", "iter_records", "records_by_id",
+           "whole_lines", "parse_line_fast", "parse_line", "line_flags", "scan", "iter_records", "records_by_id",
            "errors_by_identity", "JournalFollower", "JournalState", "IdentityCount", "LaneCount"]
 
 _ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
 _PROMPT_TAIL = re.compile(r'"prompt_tokens": ?(\d+)')
+_FLAGS_TAIL = re.compile(r'"flags": ?\[([^\]]*)\], ?"usage":')
+_FLAG_WORD = re.compile(r'"([a-z_]+)"')
 
 
 @dataclass
@@ -65,11 +70,26 @@ class IdentityCount:
 
 @dataclass
 class LaneCount:
-    """The counted records of one lane (a mixture cell in one split, budgetgen.mixture)."""
+    """The counted records of one lane (a mixture cell in one split, budgetgen.mixture): `tokens` the
+    kept ones' (budgetgen.quality: what the budget counts), `generated_tokens` all of them, `dropped`
+    {reason: records} of those the gate drops."""
 
     records: int = 0
     tokens: int = 0
     lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
+    kept: list = field(default_factory=list)  # whether each of `lengths` is kept (a row), in journal order
+    generated_tokens: int = 0
+    dropped: dict = field(default_factory=dict)
+
+    def add(self, tokens: int, fate: Fate) -> None:
+        self.records += 1
+        self.generated_tokens += tokens
+        self.lengths.append(tokens)
+        self.kept.append(fate.kept)
+        if fate.kept:
+            self.tokens += tokens
+        else:
+            self.dropped[fate.reason] = self.dropped.get(fate.reason, 0) + 1
 
 
 @dataclass
@@ -79,10 +99,13 @@ class JournalState:
 
     path: str
     ids: set = field(default_factory=set)
-    tokens: int = 0
+    tokens: int = 0  # kept by the quality gate (scan(gate_of=)): what the budget counts
     records: int = 0
     duplicates: int = 0
     lengths: list = field(default_factory=list)  # completion_tokens per record, in journal order
+    kept: list = field(default_factory=list)  # whether each of `lengths` is kept (budgetgen.quality)
+    generated_tokens: int = 0  # every counted record's, kept or dropped
+    dropped: dict = field(default_factory=dict)  # reason -> counted records the gate drops
     prompt_tokens: int = 0  # usage.prompt_tokens of the counted records (the storage forecast)
     repaired_bytes: int = 0
     by_identity: dict = field(default_factory=dict)  # identity sha -> IdentityCount, counted or not
@@ -154,21 +177,37 @@ def parse_line(line: str, where: str) -> tuple[str, int, dict[str, Any]]:
     return str(rec["id"]), tokens, rec
 
 
+def line_flags(line: str, rec: dict[str, Any] | None, where: str) -> list[str]:
+    """The quality facts of one journal line: its `flags` read from just before `usage` (no parse),
+    else from its record (parsed here if `rec` is None: one journaled before flags, quality.record_flags)."""
+    k = line.rfind('"usage":')
+    got = _FLAGS_TAIL.search(line, max(0, k - 200), k + 8) if k >= 0 else None
+    if got is not None:
+        return _FLAG_WORD.findall(got.group(1))
+    if rec is None:
+        rec = parse_line(line, where)[2]
+    return record_flags(rec)
+
+
 def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str], bool] | None = None,
-         lane_of: Callable[[str, str, str | None], str] | None = None) -> JournalState:
+         lane_of: Callable[[str, str, str | None], str] | None = None,
+         gate_of: Callable[[str, str | None], Gate] | None = None) -> JournalState:
     """Read a journal (or errors.jsonl) into a JournalState. With repair=True a torn tail is truncated
     first. `accepts(sha)`: whether records of an identity count (budgetgen.identity.Policy.accepts; all
     by default; a record without an identity is refused, budgetgen.migration); `lane_of(sha, id, cell
     named by the identity's records) -> key`: the lane a counted record belongs to
-    (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`. Lines are parsed in
-    full only where the head and tail do not say
-    enough (a record without a stored identity; an identity's first record, for its settings)."""
+    (budgetgen.mixture.Mixture.lane_of), counted per lane in `lanes` and `id_lane`; `gate_of(sha, cell
+    named)`: the quality gate of a counted record (Mixture.gate_of; none: every record kept), whose fate
+    decides whether its tokens are kept (`tokens`, what the budget counts) or dropped (`dropped`), all
+    of them in `generated_tokens`. Lines are parsed in full only where the head and tail do not say
+    enough (a record without a stored identity; an identity's first record, for its settings; one
+    journaled before flags, when a gate asks)."""
     state = JournalState(path=os.fspath(path))
     if repair:
         state.repaired_bytes = repair_tail(path)
     for lineno, line in whole_lines(path, strict_tail=repair):
         got = parse_line_fast(line)
-        rid = sha = settings = None
+        rid = sha = settings = rec = None
         if got is not None:
             rid, sha, tokens = got
         if sha is None or sha not in state.by_identity:
@@ -187,9 +226,19 @@ def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str],
             state.duplicates += 1  # keep the first; never count a response twice
             continue
         state.ids.add(rid)
-        state.tokens += tokens
+        fate = KEPT
+        if gate_of is not None:
+            gate = gate_of(sha, count.cell)
+            if not gate.passes_all:
+                fate = gate.fate(line_flags(line, rec, f"{path}:{lineno}"), tokens)
         state.records += 1
+        state.generated_tokens += tokens
         state.lengths.append(tokens)
+        state.kept.append(fate.kept)
+        if fate.kept:
+            state.tokens += tokens
+        else:
+            state.dropped[fate.reason] = state.dropped.get(fate.reason, 0) + 1
         prompt = _PROMPT_TAIL.search(line, max(0, line.rfind('"usage":')))
         state.prompt_tokens += int(prompt.group(1)) if prompt else 0
         if lane_of is not None:
@@ -197,9 +246,7 @@ def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str],
             lane = state.lanes.get(key)
             if lane is None:
                 lane = state.lanes[key] = LaneCount()
-            lane.records += 1
-            lane.tokens += tokens
-            lane.lengths.append(tokens)
+            lane.add(tokens, fate)
     return state
 
 
@@ -253,14 +300,18 @@ class JournalFollower:
     tail is read once it is whole), and starts over when the file was replaced or shrank. Lines are
     decoded and parsed as every reader does (decode_line, parse_line, the identity a record stores);
     the first bad one stops the following and is kept as its one line in `problem`. Counts as scan():
-    every identity's records in `by_identity`, the ids, tokens and records of those `accepts` takes
-    (first of an id), and (completed at, tokens) of those in `recent` for rates."""
+    every identity's records in `by_identity`, the ids, tokens (kept by `gate_of`'s gate: scan) and
+    records of those `accepts` takes (first of an id), and (completed at, tokens, kept tokens) of those
+    in `recent` for rates."""
 
     path: str
     accepts: object = None  # identity.Policy.accepts
+    gate_of: object = None  # mixture.Mixture.gate_of (None: every record kept)
     offset: int = 0
     inode: int | None = None
-    tokens: int = 0
+    tokens: int = 0  # kept (budgetgen.quality)
+    generated_tokens: int = 0
+    dropped: dict = field(default_factory=dict)  # reason -> records the gate drops
     records: int = 0
     ids: set = field(default_factory=set)
     by_identity: dict = field(default_factory=dict)
@@ -270,6 +321,7 @@ class JournalFollower:
 
     def reset(self) -> None:
         self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
+        self.generated_tokens, self.dropped = 0, {}
         self.ids, self.by_identity, self.recent = set(), {}, deque()
 
     def refresh(self) -> JournalFollower:
@@ -315,15 +367,25 @@ class JournalFollower:
         if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
             return
         self.ids.add(rid)
-        self.tokens += tokens
+        fate = KEPT
+        if self.gate_of is not None:
+            gate = self.gate_of(sha, rec.get("cell") if isinstance(rec.get("cell"), str) else None)
+            if not gate.passes_all:
+                fate = gate.fate(record_flags(rec), tokens)
+        kept = tokens if fate.kept else 0
+        if not fate.kept:
+            self.dropped[fate.reason] = self.dropped.get(fate.reason, 0) + 1
+        self.tokens += kept
+        self.generated_tokens += tokens
         self.records += 1
-        self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens))
+        self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens, kept))
 
-    def rates(self, now: float, window_s: float = 60.0) -> tuple[float, float]:
-        """(req/s, tok/s) over the last window_s seconds of completions."""
+    def rates(self, now: float, window_s: float = 60.0) -> tuple[float, float, float]:
+        """(req/s, generated tok/s, kept tok/s) over the last window_s seconds of completions."""
         while self.recent and now - self.recent[0][0] > window_s:
             self.recent.popleft()
         if not self.recent:
-            return 0.0, 0.0
-        span = max(1.0, min(window_s, now - min(t for t, _ in self.recent)))
-        return len(self.recent) / span, sum(n for _, n in self.recent) / span
+            return 0.0, 0.0, 0.0
+        span = max(1.0, min(window_s, now - min(r[0] for r in self.recent)))
+        return (len(self.recent) / span, sum(r[1] for r in self.recent) / span,
+                sum(r[2] for r in self.recent) / span)

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .errors import UserError
+from .quality import observe
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -56,11 +57,14 @@ def repair_tail(path: str | os.PathLike) -> int:
 
 def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: ChatResult, identity: Identity,
                     params: dict[str, Any], created: float, attempts: int,
-                    where: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    where: Mapping[str, Any] | None = None,
+                    reasoning_tags: tuple[str, str] | None = None) -> dict[str, Any]:
     """The journal record of one response (a client.ChatResult) to `messages`: the id and the identity
     it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
     conversation with the generated assistant turn appended, the request params, and its usage (last,
-    see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?})."""
+    see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?}); its `flags`:
+    what budgetgen.quality.observe sees in it (`reasoning_tags`: the tags it looks for), journaled just
+    before usage, where scan reads them."""
     assistant = {"role": "assistant", "content": result.content}
     if result.reasoning:
         assistant["reasoning_content"] = result.reasoning
@@ -72,6 +76,7 @@ def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: Cha
         rec["prompt_token_ids"] = result.prompt_token_ids
     if result.token_ids:
         rec["completion_token_ids"] = result.token_ids
+    rec["flags"] = observe(result.content, result.reasoning, result.finish_reason, tags=reasoning_tags)
     rec["usage"] = result.usage
     return rec
 
@@ -82,7 +87,9 @@ def encode_record(rec: Mapping[str, Any]) -> str:
     ordered = {"id": rec["id"]}
     if "identity" in rec:
         ordered["identity"] = rec["identity"]
-    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "identity", "usage"))
+    ordered.update((k, v) for k, v in rec.items() if k not in ("id", "identity", "flags", "usage"))
+    if "flags" in rec:
+        ordered["flags"] = rec["flags"]
     ordered["usage"] = rec.get("usage") or {}
     return json.dumps(ordered, ensure_ascii=False) + "\n"
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from . import conversations
 from .identity import layout_sha
 from .prompts import dispatch_order, stable_id
+from .quality import Gate
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -67,6 +68,7 @@ class Cell:
     params: dict  # budgetgen.identity.request_params (model, max_tokens, temperature?, top_p?, extra_body?)
     plan: conversations.Plan
     identity: object  # identity.Identity
+    gate: Gate = Gate()  # its quality gate (budgetgen.quality)
 
     @property
     def max_tokens(self) -> int:
@@ -184,6 +186,10 @@ class Mixture:
         gen_prompt = self.generation_prompts(prompt_list)
         return lambda sha, rid, named: (policy.cell_of(sha, named), splits.get(gen_prompt.get(rid), TRAIN))
 
+    def gate_of(self, policy: Policy) -> Callable[[str, str | None], Gate]:
+        """journal.scan(gate_of=): the quality gate of a counted record's cell (see placer)."""
+        return lambda sha, named: self.cell(policy.cell_of(sha, named)).gate
+
     def lane_of(self, policy: Policy,
                 prompt_list: Sequence[Prompt] | None = None) -> Callable[[str, str, str | None], str]:
         """journal.scan(lane_of=): the lane key of a counted record (see placer)."""
@@ -204,10 +210,13 @@ class LaneAccount:
     left: conversations.Left = None
     errors: int = 0
     exhausted: bool = False  # nothing left to ask (met or not): budgetgen.state.lanes_state decides
+    generated_tokens: int = 0  # kept or dropped by the quality gate (`tokens`: the kept)
+    dropped: dict = None  # reason -> responses the gate drops
 
     def summary(self) -> dict[str, Any]:
         """What the status and the done marker keep of a lane."""
         return {**self.lane.describe(), "budget": self.lane.budget, "tokens": self.tokens,
+                "generated_tokens": self.generated_tokens, "dropped": dict(self.dropped or {}),
                 "responses": self.records, "prompts": len(self.prompts or ()), "errors": self.errors,
                 "exhausted": self.exhausted}
 
@@ -244,7 +253,9 @@ def account(mix: Mixture, policy: Policy, prompt_list: Sequence[Prompt], journal
         lane_ids = {g for c in chain_list for g in c.ids()}
         left = conversations.left(chain_list, journaled.ids, errored[lane.cell.name] & lane_ids)
         acc = LaneAccount(lane, tokens=got.tokens if got else 0, records=got.records if got else 0, prompts=mine,
-                          chains=chain_list, left=left, errors=len(errored[lane.cell.name] & lane_ids))
+                          chains=chain_list, left=left, errors=len(errored[lane.cell.name] & lane_ids),
+                          generated_tokens=got.generated_tokens if got else 0,
+                          dropped=dict(got.dropped) if got else {})
         acc.exhausted = left.to_ask <= 0 and not pool[lane.split]  # nothing left to ask, met or not
         out[lane.key] = acc
     return out, pool

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import conversations, journal, mixture
@@ -19,6 +19,7 @@ from .errors import UserError
 from .forecast import human_bytes
 from .fsutil import remove_outputs
 from .progress import Rates
+from .quality import KEPT, Fate
 from .status import scan_lanes
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class LaneRun:
     lengths: LengthModel
     policy: DispatchPolicy
     rates: object = None
+    generated_tokens: int = 0  # kept or dropped (`tokens`: the kept, budgetgen.quality)
+    dropped: dict = field(default_factory=dict)  # reason -> responses the gate dropped
 
     @property
     def key(self) -> str:
@@ -99,14 +102,22 @@ class RunState:
     def chains(self) -> list[conversations.Chain]:
         return [c for lr in self.lanes.values() for c in lr.chains]
 
-    def count(self, lr: LaneRun, gid: str, tokens: int) -> None:
-        """A response of `tokens` journaled for lane `lr`: the dataset's and the lane's counts."""
-        self.journaled.ids.add(gid)
-        self.journaled.tokens += tokens
-        self.journaled.records += 1
-        lr.tokens += tokens
+    def count(self, lr: LaneRun, gid: str, tokens: int, fate: Fate = KEPT) -> None:
+        """A response of `tokens` journaled for lane `lr` with its `fate` under the lane's quality gate:
+        the dataset's and the lane's counts (the kept tokens what the budget counts)."""
+        kept = tokens if fate.kept else 0
+        j = self.journaled
+        j.ids.add(gid)
+        j.tokens += kept
+        j.generated_tokens += tokens
+        j.records += 1
+        lr.tokens += kept
+        lr.generated_tokens += tokens
         lr.records += 1
-        lr.lengths.observe(tokens)
+        if not fate.kept:
+            j.dropped[fate.reason] = j.dropped.get(fate.reason, 0) + 1
+            lr.dropped[fate.reason] = lr.dropped.get(fate.reason, 0) + 1
+        lr.lengths.observe(tokens, fate.kept)
         lr.rates.add(tokens)
 
     def queued(self) -> int:
@@ -223,11 +234,12 @@ def _lane_runs(s, accounts, journaled, errored):
                 (started if k > 1 else fresh).append((c, k))
         started_all += [(key, c, k) for c, k in started]
         got = journaled.lanes.get(key)
-        lengths = LengthModel(acc.lane.cell.max_tokens, got.lengths if got else ())
+        lengths = LengthModel(acc.lane.cell.max_tokens, got.lengths if got else (), got.kept if got else None)
         queue = deque(Generation(c, k, lane=key) for c, k in fresh)
         lanes[key] = LaneRun(acc.lane, queue, list(acc.chains), acc.tokens, acc.records,
                              errored & {g for c in acc.chains for g in c.ids()}, lengths,
-                             DispatchPolicy(acc.lane.budget, lengths), Rates())
+                             DispatchPolicy(acc.lane.budget, lengths), Rates(), acc.generated_tokens,
+                             dict(acc.dropped or {}))
     previous = journal.records_by_id(s.paths.journal, [c.turn_id(k - 1) for _, c, k in started_all],
                                      accepts=s.policy.accepts)
     for key, c, k in reversed(started_all):

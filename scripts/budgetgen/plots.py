@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
     from matplotlib.figure import Figure
 
-FIGURES = ("budget", "lengths", "reasoning", "errors", "throughput", "turns")
+    from .summary import RawCounts
+
+FIGURES = ("budget", "lengths", "reasoning", "errors", "throughput", "turns", "quality")
 
 # One colour per meaning, the same in every figure.
 COLOR_TOKENS = "#2b6cb0"
@@ -219,7 +221,7 @@ def draw_budget(plt: ModuleType, dataset: str, bar: Mapping[str, Any], responses
     ax.set_yticks([])
     ax.set_ylim(-0.45, 0.75)
     ax.set_xlim(0, top)
-    ax.set_xlabel("completion tokens (reasoning included)")
+    ax.set_xlabel("completion tokens the quality gate keeps (reasoning included)")
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
     return fig
 
@@ -317,6 +319,49 @@ def draw_turns(plt: ModuleType, dataset: str, counts: Mapping[str, Any], row: Ma
     return fig
 
 
+REASON_COLORS = ("#dd6b20", "#d53f8c", "#805ad5", "#718096", "#2c7a7b")  # quality.REASONS, in order
+
+
+def quality_bars(raw: RawCounts) -> list[dict[str, Any]]:
+    """Per (cell, split) of the records: generated, kept and dropped tokens by reason (quality.REASONS
+    order), from summary.read_raw's tallies."""
+    from .quality import REASONS
+
+    return [{"lane": cell if split == "train" else f"{cell}/{split}", "kept": t.kept_tokens,
+             "generated": sum(t.lengths), "dropped": {r: t.dropped_tokens[r] for r in REASONS if t.dropped[r]},
+             "rows_dropped": {r: t.dropped[r] for r in REASONS if t.dropped[r]}}
+            for (cell, split), t in sorted(raw.groups.items())]
+
+
+def draw_quality(plt: ModuleType, dataset: str, bars: Sequence[Mapping[str, Any]]) -> Figure:
+    from .quality import REASONS
+
+    kept, generated = sum(b["kept"] for b in bars), sum(b["generated"] for b in bars)
+    fig, ax = _figure(plt, f"{dataset}: {kept:,} of {generated:,} generated tokens kept by the quality gate "
+                      f"({100 * kept / generated if generated else 100:.1f}%)", size=(7.0, 1.4 + 0.5 * len(bars)))
+    if not bars:
+        _note(ax, "no responses")
+        return fig
+    y = list(range(len(bars)))
+    ax.barh(y, [b["kept"] for b in bars], color=COLOR_TOKENS, label="kept")
+    left = [b["kept"] for b in bars]
+    for reason, color in zip(REASONS, REASON_COLORS):
+        widths = [b["dropped"].get(reason, 0) for b in bars]
+        if any(widths):
+            ax.barh(y, widths, left=left, color=color, label=f"dropped: {reason}")
+            left = [a + w for a, w in zip(left, widths)]
+    for i, b in enumerate(bars):
+        rows = ", ".join(f"{r} {n:,}" for r, n in b["rows_dropped"].items())
+        ax.text(left[i], i, f" {rows or 'none dropped'}", va="center", fontsize=8)
+    ax.set_yticks(y, [b["lane"] for b in bars])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max([*left, 1]) * 1.35)
+    ax.set_xlabel("completion tokens (responses dropped by reason at the right)")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return fig
+
+
 def save(fig: Figure, path: str | os.PathLike) -> None:
     """Write a figure atomically; the format is the path's extension (svg, png)."""
     plt = _pyplot()
@@ -327,11 +372,14 @@ def save(fig: Figure, path: str | os.PathLike) -> None:
 
 
 def draw(name: str, dataset: str, records: Sequence[Mapping[str, Any]], error_records: Iterable[Mapping[str, Any]],
-         row: Mapping[str, Any], max_tokens: int | None) -> Figure:
-    """One figure by name (see FIGURES); `row` is the dataset's summary row (summary.dataset_row)."""
+         row: Mapping[str, Any], max_tokens: int | None, raw: RawCounts | None = None) -> Figure:
+    """One figure by name (see FIGURES); `row` is the dataset's summary row (summary.dataset_row), `raw`
+    its records' tallies (summary.read_raw; the quality figure)."""
     plt = _pyplot()
+    if name == "quality":
+        return draw_quality(plt, dataset, quality_bars(raw) if raw is not None else [])
     if name == "budget":
-        bar = budget_bar(row["completion_tokens"], row["token_budget"], row["status"])
+        bar = budget_bar(row["kept_tokens"], row["token_budget"], row["status"])
         return draw_budget(plt, dataset, bar, row["responses"], row["prompts"])
     if name == "lengths":
         return draw_lengths(plt, dataset, length_histogram(records, max_tokens), cut_share(records))

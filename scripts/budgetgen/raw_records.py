@@ -62,6 +62,11 @@ def record_cell(record: dict[str, Any]) -> str:
     return record.get("cell") if isinstance(record.get("cell"), str) and record.get("cell") else DEFAULT_CELL
 
 
+def record_tokens(record: dict[str, Any]) -> int:
+    """A record's usage.completion_tokens (parse_record checked the usage is there)."""
+    return int((record.get("usage") or {}).get("completion_tokens") or 0)
+
+
 def line_batches(input_path: str | os.PathLike, batch_size: int) -> Iterator[list[tuple[int, bytes]]]:
     """Yield lists of (lineno, line bytes), batch_size non-blank lines each."""
     try:

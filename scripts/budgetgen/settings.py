@@ -25,10 +25,12 @@ from .identity import (
     Identity,
     Policy,
     content_key,
+    gates_sha,
     request_params,
     settings_of,
 )
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
+from .quality import Gate
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -90,8 +92,20 @@ def dataset_mixture(config: dict[str, Any], dataset: str) -> Mixture:
         params = request_params(config["server"]["model"], c("max_tokens"), c("temperature"), c("top_p"),
                                 merged_extra_body(g("extra_body"), own.get("extra_body")))
         plan = Plan(turns=c("turns"), samples=int(c("samples_per_prompt")), history_reasoning=c("history_reasoning"))
-        cells.append(Cell(name, float(own["share"]), params, plan, Identity.of(settings_of(params, plan))))
+        gate = Gate.of({**quality_section(config, dataset), **(own.get("quality") or {})})
+        cells.append(Cell(name, float(own["share"]), params, plan, Identity.of(settings_of(params, plan)), gate))
     return Mixture.of(cells, token_budget(config, dataset), validation_share(config, dataset), int(g("seed")))
+
+
+def reasoning_tags(config: dict[str, Any]) -> tuple[str, str] | None:
+    """tokenizer.reasoning_tags (open, close), or None (the tokenizer's own, else <think>/</think>)."""
+    tags = config["tokenizer"].get("reasoning_tags")
+    return tuple(tags) if tags else None
+
+
+def quality_section(config: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The dataset's quality gate settings: its own `quality` keys over generation.quality's."""
+    return {**(config["generation"].get("quality") or {}), **(config["datasets"][dataset].get("quality") or {})}
 
 
 def validation_share(config: dict[str, Any], dataset: str) -> float:
@@ -105,7 +119,7 @@ def settings_policy(config: dict[str, Any], dataset: str, mix: Mixture | None = 
     mix = mix or dataset_mixture(config, dataset)
     cells = () if len(mix.cells) == 1 else tuple((c.name, c.identity) for c in mix.cells)
     return Policy(mix.cells[0].identity, generation_setting(config, dataset, "on_settings_change"), cells=cells,
-                  layout=mix.layout_sha())
+                  layout=mix.layout_sha(), quality=gates_sha((c.name, c.gate.describe()) for c in mix.cells))
 
 
 def earlier_prompts(config: dict[str, Any], dataset: str) -> tuple[str, ...]:
@@ -130,8 +144,8 @@ def content_settings(config: dict[str, Any], dataset: str) -> dict[str, Any]:
 def rerun_trigger(config: dict[str, Any], dataset: str, stage: str) -> dict[str, Any]:
     """What makes a stage's output another one when it changes: its rule's one rerun param
     (rules/common.smk). inference: the content generation settings, the model and on_bad_line; finalize:
-    which records count (the policy key); tokenize: the content key, the tokenizer's files and the
-    template switches."""
+    which records count (the policy key); tokenize: the content key, the tokenizer's files, the
+    template switches and the quality gates."""
     if stage == "inference":
         return {"generation": content_settings(config, dataset)["generation"], "model": config["server"]["model"],
                 "on_bad_line": generation_setting(config, dataset, "on_bad_line")}
@@ -142,7 +156,8 @@ def rerun_trigger(config: dict[str, Any], dataset: str, stage: str) -> dict[str,
 
         return {"content": config_sha256(config, dataset),
                 "tokenizer_sha256": tokenizer_sha256(config["tokenizer"]["path"]),
-                "chat_template_kwargs": chat_template_kwargs(config, dataset)}
+                "chat_template_kwargs": chat_template_kwargs(config, dataset),
+                "quality": settings_policy(config, dataset).quality}
     raise ValueError(stage)
 
 
@@ -246,6 +261,7 @@ class InferenceSettings:
     mixture: Mixture  # the cells and validation split: one lane per cell and split, each with its budget
     earlier_prompts: tuple  # generation.dedup_across_datasets: the earlier datasets' prompts files
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
+    reasoning_tags: tuple | None = None  # tokenizer.reasoning_tags: what quality.observe looks for
 
     @classmethod
     def from_config(cls, config: dict[str, Any], dataset: str, slots: int | None = None,
@@ -278,6 +294,7 @@ class InferenceSettings:
             launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
             policy=settings_policy(config, dataset, mix), mixture=mix,
             earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
+            reasoning_tags=reasoning_tags(config),
         )
 
     @property
@@ -327,23 +344,26 @@ class TokenizeSettings:
     config_sha256: str
     policy: Policy  # which records' identities belong in the rows (extend: several, each row says its own)
     validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
+    gates: tuple = ()  # ((cell, quality.Gate), ...): what each cell's quality gate keeps
 
     @classmethod
     def from_config(cls, config: dict[str, Any], dataset: str, processes: int | None = None,
                     files: Mapping[str, str] | None = None) -> TokenizeSettings:
         """processes: the threads Snakemake granted the job (--cores caps tokenizer.processes)."""
         t = config["tokenizer"]
+        mix = dataset_mixture(config, dataset)
         return cls(
             paths=DatasetPaths.of(config, dataset).with_files(files or {}), tokenizer=t["path"],
             max_length=int(t["max_length"]),
             processes=int(processes if processes is not None else t["processes"]),
             allow_mixed_settings=bool(t["allow_mixed_settings"]), use_server_token_ids=bool(t["use_server_token_ids"]),
             trust_remote_code=bool(t["trust_remote_code"]),
-            reasoning_tags=tuple(t["reasoning_tags"]) if t.get("reasoning_tags") else None,
+            reasoning_tags=reasoning_tags(config),
             max_skipped_pct=float(t["max_skipped_pct"]),
             chat_template_kwargs=chat_template_kwargs(config, dataset),
-            config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset),
+            config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset, mix),
             validation=validation_share(config, dataset) > 0,
+            gates=tuple((c.name, c.gate) for c in mix.cells),
         )
 
     def options(self, split: str = "train") -> TokenizeOptions:
@@ -359,4 +379,4 @@ class TokenizeSettings:
             allow_mixed_settings=self.allow_mixed_settings or self.policy.on_change == "extend"
             or len(self.policy.identities) > 1,
             max_skipped_pct=self.max_skipped_pct, split=split if self.validation else None,
-            config_sha256=self.config_sha256)
+            config_sha256=self.config_sha256, gates=self.gates)

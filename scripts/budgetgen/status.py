@@ -30,7 +30,7 @@ def scan_lanes(s: InferenceSettings, prompt_list: Sequence[Prompt] | None = None
     if prompt_list is None and mix.validation_share > 0:
         prompt_list = s.load_prompts().prompts
     return journal.scan(s.paths.journal, repair=repair, accepts=s.policy.accepts,
-                        lane_of=mix.lane_of(s.policy, prompt_list))
+                        lane_of=mix.lane_of(s.policy, prompt_list), gate_of=mix.gate_of(s.policy))
 
 
 def table_counts(s: InferenceSettings) -> Callable[[str, Policy], JournalState]:
@@ -40,8 +40,8 @@ def table_counts(s: InferenceSettings) -> Callable[[str, Policy], JournalState]:
         try:
             return scan_lanes(s)
         except UserError:
-            return journal.scan(path, accepts=policy.accepts,
-                                lane_of=s.mixture.lane_of(policy, None))
+            return journal.scan(path, accepts=policy.accepts, lane_of=s.mixture.lane_of(policy, None),
+                                gate_of=s.mixture.gate_of(policy))
     return count
 
 
@@ -65,7 +65,9 @@ def compute_status(s: InferenceSettings) -> dict[str, Any]:
     unclaimed = [c for split, ps in pool.items() for c in conversations.chains(ps, first_plan[split])]
     return {
         "dataset": s.dataset,
-        "tokens": state.tokens,
+        "tokens": state.tokens,  # kept by the quality gate: what the budget counts
+        "generated_tokens": state.generated_tokens,
+        "dropped": dict(state.dropped),
         "responses": state.records,
         "errors": sum(a.errors for a in lanes.values()),
         "prompts": len(pset.prompts),

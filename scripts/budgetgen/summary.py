@@ -1,4 +1,6 @@
-"""results/summary.tsv: per dataset prompts, responses, tokens, budget, state and length stats, and the
+"""results/summary.tsv: per dataset prompts, responses, tokens (completion_tokens: every response's;
+kept_tokens: those the quality gate keeps, which the budget, budget_pct and status count; the dropped
+and flagged responses by reason, budgetgen.quality), budget, state and length stats, and the
 conversations (budgetgen.conversations): how many, finished, ended by an error, tokens per turn index;
 the prompts it shares with other datasets; the storage forecast of an EAGLE-3 hidden-state dump of its
 rows (budgetgen.forecast). A dataset of several lanes (budgetgen.mixture: mixture cells, a validation
@@ -7,11 +9,13 @@ split) gets a row per lane after its own (`cell`, `split`), with the lane's budg
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import conversations, journal, prompts
-from .raw_records import record_cell, record_split
+from .quality import KEPT, dropped_text, gate_for, record_flags
+from .raw_records import record_cell, record_split, record_tokens
 from .state import budget_state, lanes_of, lanes_state
 
 if TYPE_CHECKING:
@@ -19,13 +23,14 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .forecast import DumpShape
+    from .quality import Fate, Gate
     from .settings import InferenceSettings
 
 COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_tokens", "token_budget", "budget_share",
            "budget_pct", "status", "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors",
            "tokenized_rows", "validation_rows", "row_tokens", "hidden_state_bytes", "tokenize_skipped",
            "cross_dataset_duplicates", "conversations", "conversations_finished", "conversations_ended_by_error",
-           "tokens_per_turn"]
+           "tokens_per_turn", "kept_tokens", "dropped", "flagged"]
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> int:
@@ -36,32 +41,60 @@ def percentile(sorted_values: Sequence[int], q: float) -> int:
 
 
 @dataclass
-class RawCounts:
-    """What the summary needs of raw_responses.jsonl, read once (read_raw): completion lengths and
-    responses cut at max_tokens, in all and per (cell, split) as finalize marked them, the ids
-    answered and the tokens per turn."""
+class Tally:
+    """Completion lengths of responses, those cut at max_tokens, and their fates under the quality gate
+    (budgetgen.quality): the kept tokens, the dropped responses and the flagged rows by reason."""
 
     lengths: list = field(default_factory=list)
     cut: int = 0
+    kept_tokens: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    dropped_tokens: Counter = field(default_factory=Counter)
+    flagged: Counter = field(default_factory=Counter)
+
+    def add(self, n: int, was_cut: bool, fate: Fate) -> None:
+        self.lengths.append(n)
+        self.cut += was_cut
+        if fate.kept:
+            self.kept_tokens += n
+            self.flagged.update(fate.flagged)
+        else:
+            self.dropped[fate.reason] += 1
+            self.dropped_tokens[fate.reason] += n
+
+    def columns(self) -> dict[str, str | int]:
+        """The summary columns of the gate's fates."""
+        return {"kept_tokens": self.kept_tokens, "dropped": dropped_text(self.dropped),
+                "flagged": dropped_text(self.flagged)}
+
+
+@dataclass
+class RawCounts:
+    """What the summary needs of raw_responses.jsonl, read once (read_raw): the Tally of all its records
+    and of each (cell, split) as finalize marked them, the ids answered and the tokens per turn."""
+
+    all: Tally = field(default_factory=Tally)
     answered: set = field(default_factory=set)
     per_turn: dict = field(default_factory=dict)
-    groups: dict = field(default_factory=dict)  # (cell, split) -> ([lengths], [cut])
+    groups: dict = field(default_factory=dict)  # (cell, split) -> Tally
 
 
-def read_raw(raw_path: str | os.PathLike) -> RawCounts:
-    """One pass over raw_responses.jsonl (journal.iter_records: the validated raw-record reader)."""
+def read_raw(raw_path: str | os.PathLike, gates: Sequence[tuple[str, Gate]] = (),
+             tags: tuple[str, str] | None = None) -> RawCounts:
+    """One pass over raw_responses.jsonl (journal.iter_records: the validated raw-record reader); each
+    record's fate under its cell's quality gate (`gates`: ((cell, Gate), ...), none: every record kept;
+    `tags`: the reasoning tags, tokenizer.reasoning_tags)."""
     out = RawCounts()
     for _, rec in journal.iter_records(raw_path):
-        n = int((rec.get("usage") or {}).get("completion_tokens") or 0)
+        n = record_tokens(rec)
         was_cut = rec.get("finish_reason") == "length"
-        out.lengths.append(n)
-        out.cut += was_cut
+        cell = record_cell(rec)
+        fate = gate_for(gates, cell).fate(record_flags(rec, tags), n) if gates else KEPT
+        out.all.add(n, was_cut, fate)
         out.answered.add(str(rec["id"]))
         turn = conversations.record_place(rec["id"], rec)[1]
         out.per_turn[turn] = out.per_turn.get(turn, 0) + n
-        lane_lengths, lane_cut = out.groups.setdefault((record_cell(rec), record_split(rec)), ([], [0]))
-        lane_lengths.append(n)
-        lane_cut[0] += was_cut
+        out.groups.setdefault((cell, record_split(rec)), Tally()).add(n, was_cut, fate)
     return out
 
 
@@ -72,7 +105,7 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
     """One row of `raw` (read_raw); `plan`: the dataset's generation plan (default: turns last, one
     sample); `accepts(sha)`: whether errors of a generation identity count (identity.Policy.accepts;
     every one by default)."""
-    lengths, cut, answered, per_turn = list(raw.lengths), raw.cut, raw.answered, raw.per_turn
+    lengths, cut, answered, per_turn = list(raw.all.lengths), raw.all.cut, raw.answered, raw.per_turn
     prompt_list = prompts.load_prompts(prompts_path, on_bad_line="skip").prompts
     n_prompts = len(prompt_list)
     chain_list = conversations.chains(prompt_list, plan or conversations.Plan())
@@ -83,7 +116,7 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
     left = conversations.left(chain_list, answered, errored)
     tokens = sum(lengths)
     lengths.sort()
-    status = budget_state(tokens, budget, exhausted=left.to_ask == 0)
+    status = budget_state(raw.all.kept_tokens, budget, exhausted=left.to_ask == 0)
     rows, skipped = "", ""
     if tokenized_path and os.path.exists(tokenized_path):
         import json
@@ -101,13 +134,14 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
         "dataset": dataset, "cell": "all", "split": "all", "budget_share": "1", "validation_rows": "",
         "row_tokens": "", "hidden_state_bytes": "", "cross_dataset_duplicates": "", "prompts": n_prompts,
         "responses": n, "completion_tokens": tokens,
-        "token_budget": budget, "budget_pct": f"{100.0 * tokens / budget:.2f}", "status": status,
+        "token_budget": budget, "budget_pct": f"{100.0 * raw.all.kept_tokens / budget:.2f}", "status": status,
         "mean_length": f"{tokens / n:.1f}" if n else "0", "p50_length": percentile(lengths, 50),
         "p95_length": percentile(lengths, 95), "cut_at_max_tokens_pct": f"{100.0 * cut / n:.2f}" if n else "0.00",
         "errors": errors, "tokenized_rows": rows, "tokenize_skipped": skipped, "conversations": len(chain_list),
         "conversations_finished": len(chain_list) - left.chains_open - left.chains_ended_by_error,
         "conversations_ended_by_error": left.chains_ended_by_error,
         "tokens_per_turn": ";".join(f"{t}:{per_turn[t]}" for t in sorted(per_turn)) or "0",
+        **raw.all.columns(),
     }
 
 
@@ -161,14 +195,15 @@ def lane_rows(dataset: str, raw: RawCounts, lanes: Mapping[str, Mapping[str, Any
     records of raw_responses.jsonl (`raw`: read_raw) that finalize marked with their cell and split."""
     rows = []
     for v in lanes.values():
-        lengths, cut = raw.groups.get((v["cell"], v["split"]), ([], [0]))
-        stats = _length_stats(lengths, cut[0])
+        tally = raw.groups.get((v["cell"], v["split"])) or Tally()
+        stats = _length_stats(tally.lengths, tally.cut)
         budget = v["budget"]
         row = {c: "" for c in COLUMNS}
         row.update(stats, dataset=dataset, cell=v["cell"], split=v["split"], prompts=v.get("prompts", ""),
                    token_budget=budget, budget_share=f"{v['budget_share']:.4g}",
-                   budget_pct=f"{100.0 * stats['completion_tokens'] / budget:.2f}" if budget else "",
-                   status=budget_state(stats["completion_tokens"], budget, v["exhausted"]), errors=v["errors"])
+                   budget_pct=f"{100.0 * tally.kept_tokens / budget:.2f}" if budget else "",
+                   status=budget_state(tally.kept_tokens, budget, v["exhausted"]), errors=v["errors"],
+                   **tally.columns())
         held_out = v["split"] == "validation"
         rows.append(add_rows_and_forecast(row, {} if held_out else tokenized, validation if held_out else {},
                                           shape, v["cell"]))

@@ -23,7 +23,8 @@ from budgetgen.conversations import record_place, record_prompt_id
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
 from budgetgen.identity import record_settings
-from budgetgen.raw_records import line_batches, parse_record, record_cell, record_split
+from budgetgen.quality import KEPT, dropped_text, gate_for, record_flags
+from budgetgen.raw_records import line_batches, parse_record, record_cell, record_split, record_tokens
 from budgetgen.rows import SKIP_HINTS, RowEncoder
 from budgetgen.turn_format import (
     chat_template_sha256,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from transformers import PreTrainedTokenizerBase
+
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TokenizeOptions:
     split: str | None = None
     config_sha256: str | None = None
     batch_size: int = 512
+    gates: tuple = ()  # ((cell, quality.Gate), ...): the records each cell's gate drops make no row
 
     def __post_init__(self) -> None:
         check_options(self.max_length, self.chat_template_kwargs)  # once, before any tokenizer loads
@@ -88,23 +91,39 @@ def _schema():
             ("prompt_id", pa.string()),
             ("identity", pa.string()),
             ("cell", pa.string()),
+            ("flags", pa.list_(pa.string())),
+            ("reasoning_forced_end", pa.bool_()),
         ]
     )
 
 
-def _encode_chunk(encoder, chunk, input_path):
-    """Parse and encode (lineno, line) pairs of the encoder's split; return (RecordBatch or None, stats)."""
+def _encode_chunk(encoder, chunk, input_path, gates=()):
+    """Parse and encode (lineno, line) pairs of the encoder's split, the records the quality gate drops
+    (`gates`: TokenizeOptions.gates) counted and left out, a kept one's flagged facts in its `flags`;
+    return (RecordBatch or None, stats)."""
     records = [parse_record(line, lineno, input_path) for lineno, line in chunk]
     other = 0
     if encoder.split is not None:
         mine = [r for r in records if record_split(r[1]) == encoder.split]
         other, records = len(records) - len(mine), mine
+    dropped = Counter()
+    if gates:
+        fates = [gate_for(gates, record_cell(r[1])).fate(record_flags(r[1], encoder.reasoning_tags),
+                                                          record_tokens(r[1])) for r in records]
+        dropped.update(f.reason for f in fates if not f.kept)
+        records, fates = ([r for r, f in zip(records, fates, strict=True) if f.kept],
+                          [f for f in fates if f.kept])
+    else:
+        fates = [KEPT] * len(records)
     results, error = encoder.encode([r[1] for r in records])
     skipped, first_skipped = Counter(), {}
-    kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt, kept_identity, kept_cell, rows = ([] for _ in range(8))
+    columns = [[] for _ in range(9)]  # the row columns but the encoded ones (_record_batch)
+    (kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt, kept_identity, kept_cell, kept_flags,
+     kept_forced) = columns
+    rows = []
     identities = {}  # sha -> readable settings, of the records of this chunk
     server_rows = 0
-    for (rid, rec, finish, sha), res in zip(records, results):
+    for (rid, rec, finish, sha), res, fate in zip(records, results, fates, strict=True):
         if sha not in identities:
             identities[sha] = {"settings": record_settings(rec), "cell": record_cell(rec)}
         if isinstance(res, str):
@@ -120,16 +139,18 @@ def _encode_chunk(encoder, chunk, input_path):
             kept_prompt.append(record_prompt_id(rid, rec))
             kept_identity.append(sha)
             kept_cell.append(record_cell(rec))
+            kept_flags.append(list(fate.flagged))
+            kept_forced.append(bool(rec.get("reasoning_forced_end")))
             rows.append(res)
-    stats = {"records": len(records), "other_split": other, "skipped": dict(skipped), "first_skipped": first_skipped,
+    stats = {"records": len(records), "other_split": other, "dropped": dict(dropped),
+             "skipped": dict(skipped), "first_skipped": first_skipped,
              "error": error,
              "settings": dict(Counter(r[3] for r in records)), "identities": identities,
              "server_id_rows": server_rows}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
-    batch, total, supervised = _record_batch(rows, [kept_ids, kept_finish, kept_conv, kept_turn, kept_prompt,
-                                                    kept_identity, kept_cell])
+    batch, total, supervised = _record_batch(rows, columns)
     stats.update(rows=len(rows), tokens=total, supervised_tokens=supervised)
     return batch, stats
 
@@ -157,7 +178,7 @@ def _record_batch(rows, columns):
             & (position < np.repeat(starts + mask_end, lengths)))
     offsets32 = pa.array(offsets.astype(np.int32))
     supervised = mask_end - prompt_len
-    ids, finish, conv, turn, prompt, identity, cell = columns
+    ids, finish, conv, turn, prompt, identity, cell, flags, forced = columns
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array(ids, type=pa.string()),
@@ -171,6 +192,8 @@ def _record_batch(rows, columns):
             pa.array(prompt, type=pa.string()),
             pa.array(identity, type=pa.string()),
             pa.array(cell, type=pa.string()),
+            pa.array(flags, type=pa.list_(pa.string())),
+            pa.array(forced, type=pa.bool_()),
         ],
         schema=_schema(),
     )
@@ -197,12 +220,13 @@ def _worker_init(options, input_path, threads):
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     else:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER = (options.encoder(load_tokenizer(options.tokenizer, options.trust_remote_code)), input_path)
+    _WORKER = (options.encoder(load_tokenizer(options.tokenizer, options.trust_remote_code)), input_path,
+               options.gates)
 
 
 def _worker_encode(chunk):
-    encoder, input_path = _WORKER
-    return _encode_chunk(encoder, chunk, input_path)
+    encoder, input_path, gates = _WORKER
+    return _encode_chunk(encoder, chunk, input_path, gates)
 
 
 def format_summary(rows: int, skipped: Mapping[str, int]) -> str:
@@ -219,7 +243,7 @@ class _Tally:
 
     def __init__(self):
         self.totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
-        self.skipped, self.first_skipped = Counter(), {}
+        self.skipped, self.first_skipped, self.dropped = Counter(), {}, Counter()
         self.records = self.other_split = 0
         self.first_error = None
         self.settings = Counter()  # identity sha -> records
@@ -233,6 +257,7 @@ class _Tally:
         for sha, readable in stats["identities"].items():
             self.identities.setdefault(sha, readable)
         self.skipped.update(stats["skipped"])
+        self.dropped.update(stats["dropped"])
         for reason, rid in stats["first_skipped"].items():
             self.first_skipped.setdefault(reason, rid)
         for key in self.totals:
@@ -280,6 +305,8 @@ class _Tally:
             "config_sha256": o.config_sha256,
             "rows": self.totals["rows"],
             "skipped": dict(sorted(self.skipped.items())),
+            "dropped": dict(sorted(self.dropped.items())),  # by the quality gate (budgetgen.quality)
+            "quality": [{"cell": name, **gate.describe()} for name, gate in o.gates],
         }
 
 
@@ -291,7 +318,7 @@ def _encoded_batches(o, tokenizer, input_path):
     processes = max(1, int(o.processes))
     if processes == 1:
         encoder = o.encoder(tokenizer)
-        yield (_encode_chunk(encoder, chunk, input_path) for chunk in line_batches(input_path, batch_size))
+        yield (_encode_chunk(encoder, chunk, input_path, o.gates) for chunk in line_batches(input_path, batch_size))
         return
     import multiprocessing
 
@@ -356,6 +383,8 @@ def tokenize_file(input_path: str | os.PathLike, output_path: str | os.PathLike,
                 pass
     totals = tally.totals
     log(format_summary(totals["rows"], tally.skipped)
+        + (f"; dropped by the quality gate: {dropped_text(tally.dropped)}" if tally.dropped else "")
         + (f"; {tally.other_split} records of the other split left to its own file" if tally.other_split else ""))
-    return {"rows": totals["rows"], "skipped": dict(sorted(tally.skipped.items())), "tokens": totals["tokens"],
+    return {"rows": totals["rows"], "skipped": dict(sorted(tally.skipped.items())),
+            "dropped": dict(sorted(tally.dropped.items())), "tokens": totals["tokens"],
             "supervised_tokens": totals["supervised_tokens"], "server_id_rows": totals["server_id_rows"]}

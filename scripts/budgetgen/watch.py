@@ -1,7 +1,8 @@
 """A read-only view of a working directory while a run writes it (scripts/watch.py).
 
-Per dataset: tokens of the budget (or generations of those there are, for a dataset on its way to
-being exhausted), the state, tok/s and req/s over the last minute, the ETA and the errors; and a total
+Per dataset: tokens of the budget (kept by the quality gate, budgetgen.quality, with the responses it
+dropped beside them; or generations of those there are, for a dataset on its way to being
+exhausted), the state, tok/s and req/s over the last minute, the ETA and the errors; and a total
 line (the tokens left of every dataset not finished, over the aggregate rate).
 
 Read only, never in the way of a run: it reads the journals, errors.jsonl, the status and the done
@@ -48,6 +49,13 @@ class DatasetView:
     tok_s: float
     eta_s: float | None
     errors: int
+    dropped: int = 0  # responses the quality gate drops (budgetgen.quality): journaled, not counted
+    kept_tok_s: float | None = None  # the rate of kept tokens (None: tok_s, nothing dropped)
+
+    @property
+    def budget_rate(self) -> float:
+        """Tokens per second toward the budget: the kept ones'."""
+        return self.tok_s if self.kept_tok_s is None else self.kept_tok_s
 
     @property
     def pct(self) -> float:
@@ -66,7 +74,8 @@ class Watcher:
         from .settings import InferenceSettings
 
         self.settings = [InferenceSettings.from_config(config, ds) for ds in sorted(config["datasets"])]
-        self.followers = {s.dataset: journal.JournalFollower(s.paths.journal, s.policy.accepts)
+        self.followers = {s.dataset: journal.JournalFollower(s.paths.journal, s.policy.accepts,
+                                                             s.mixture.gate_of(s.policy))
                           for s in self.settings}
         self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)
 
@@ -97,12 +106,12 @@ class Watcher:
                                      f.records > 0, state.finalized(files, s.policy.key()))
         errored = set().union(*(ids for sha, ids in journal.errors_by_identity(s.paths.errors).items()
                                 if s.policy.accepts(sha)))
-        req_s, tok_s = f.rates(now, WINDOW_S)
+        req_s, tok_s, kept_tok_s = f.rates(now, WINDOW_S)
         left = s.budget - f.tokens
         finished = left <= 0 or st in (state.MET, state.MET_BY_JOURNAL, state.EXHAUSTED)
-        eta = 0.0 if finished else (left / tok_s if tok_s > 0 else None)
+        eta = 0.0 if finished else (left / kept_tok_s if kept_tok_s > 0 else None)
         return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,
-                           tok_s, eta, len(errored - f.ids))
+                           tok_s, eta, len(errored - f.ids), sum(f.dropped.values()), kept_tok_s)
 
     def views(self, now: float | None = None) -> list[DatasetView]:
         now = time.time() if now is None else now
@@ -119,12 +128,13 @@ def total(views: Sequence[DatasetView]) -> tuple[int, int, int, float, float | N
     """(tokens, budget, tokens left of the datasets not finished, tok/s, ETA seconds or None)."""
     left = sum(max(0, v.budget - v.tokens) for v in views if not v.finished)
     tps = sum(v.tok_s for v in views)
-    eta = 0.0 if left == 0 else (left / tps if tps > 0 else None)
+    kept_tps = sum(v.budget_rate for v in views)
+    eta = 0.0 if left == 0 else (left / kept_tps if kept_tps > 0 else None)
     return sum(v.tokens for v in views), sum(v.budget for v in views), left, tps, eta
 
 
 TSV_COLUMNS = ["dataset", "tokens", "budget", "budget_pct", "responses", "generations_done", "generations",
-               "state", "tok_s", "req_s", "eta_s", "errors"]
+               "state", "tok_s", "req_s", "eta_s", "errors", "dropped"]
 
 
 def format_tsv(views: Sequence[DatasetView]) -> str:
@@ -132,18 +142,18 @@ def format_tsv(views: Sequence[DatasetView]) -> str:
     for v in views:
         lines.append("\t".join(str(x) for x in (
             v.name, v.tokens, v.budget, f"{v.pct:.2f}", v.responses, v.generations_done, v.generations, v.state,
-            f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors)))
+            f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors, v.dropped)))
     tokens, budget, left, tps, eta = total(views)
     pct = f"{100.0 * tokens / budget if budget else 100:.2f}"
     lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, pct,
                                            sum(v.responses for v in views), "", "", f"{left} left", f"{tps:.1f}",
                                            f"{sum(v.req_s for v in views):.2f}", "" if eta is None else f"{eta:.0f}",
-                                           sum(v.errors for v in views))))
+                                           sum(v.errors for v in views), sum(v.dropped for v in views))))
     return "\n".join(lines) + "\n"
 
 
 COLUMNS = (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"), ("state", "left"),
-           ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"), ("errors", "right"))
+           ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"), ("errors", "right"), ("dropped", "right"))
 BAR_WIDTH = 20
 
 
@@ -159,11 +169,11 @@ def _rows(views):
         bar = ((v.generations_done, max(1, v.generations)) if exhausting
                else (min(v.tokens, v.budget), max(1, v.budget)))
         out.append(([v.name, "", f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
-                     f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors)], bar))
+                     f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors), str(v.dropped)], bar))
     tokens, budget, left, tps, eta = total(views)
     out.append((["total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
                  f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
-                 str(sum(v.errors for v in views))], None))
+                 str(sum(v.errors for v in views)), str(sum(v.dropped for v in views))], None))
     return out
 
 

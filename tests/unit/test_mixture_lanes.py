@@ -34,8 +34,12 @@ def test_a_dataset_without_a_mixture_is_one_cell_with_the_datasets_identity():
     mix = dataset_mixture(config(), "D")
     assert mix.plain and [c.name for c in mix.cells] == ["default"] and mix.layout_sha() is None
     assert mix.cells[0].identity == generation_identity(config(), "D")
+    from budgetgen.identity import gates_sha
+    from budgetgen.quality import Gate
+
     assert settings_policy(config(), "D").key() == {"identity": mix.cells[0].identity.sha, "layout": None,
-                                                  "on_settings_change": "refuse"}
+                                                  "on_settings_change": "refuse",
+                                                  "quality": gates_sha([("default", Gate().describe())])}
 
 
 def test_cells_merge_their_overrides_over_the_datasets_settings():

@@ -95,8 +95,8 @@ def test_throughput_shows_a_pause_between_runs_as_empty_bins_and_handles_zero_la
 
 def test_figures_without_reasoning_or_errors_say_so(tmp_path):
     records = [rec(10, created=0.0, latency=0.5)]
-    row = {"completion_tokens": 10, "token_budget": 100, "status": "exhausted", "responses": 1, "prompts": 1,
-           "conversations": 1, "conversations_finished": 1, "conversations_ended_by_error": 0}
+    row = {"completion_tokens": 10, "kept_tokens": 10, "token_budget": 100, "status": "exhausted", "responses": 1,
+           "prompts": 1, "conversations": 1, "conversations_finished": 1, "conversations_ended_by_error": 0}
     for name in plots.FIGURES:
         plots.save(plots.draw(name, "D", records, [], row, 64), tmp_path / f"{name}.svg")
     assert "no reasoning in these responses" in svg_text(tmp_path / "reasoning.svg")

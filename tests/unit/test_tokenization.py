@@ -400,7 +400,8 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
 
     ds = datasets.Dataset.from_file(out)
     assert ds.column_names == ["id", "input_ids", "loss_mask", "num_tokens", "num_supervised",
-                               "finish_reason", "conversation_id", "turn", "prompt_id", "identity", "cell"]
+                               "finish_reason", "conversation_id", "turn", "prompt_id", "identity", "cell", "flags",
+                               "reasoning_forced_end"]
     assert len(ds) == 38
     assert [r for r in ds["id"]][:8] == ["p000", "p001", "p002", "p003", "p004", "p005", "p006", "p008"]
     row, tok = ds[3], toks["chatml"]
@@ -441,6 +442,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "skipped": {NO_SUPERVISED_TOKENS: 2},
         "split": "all",  # every record (a dataset with a validation split: one split per file)
         "cells": ["default"],
+        "dropped": {}, "quality": [],  # no quality gate given: every record a row
     }
     assert not [n for n in os.listdir(tmp_path) if n != "tokenized.arrow"]  # no temp files left
 
@@ -506,7 +508,8 @@ def test_tokenize_file_empty_input(tmp_path, tok_dirs):
     logs = []
     out = str(tmp_path / "t.arrow")
     stats = tokenize_file(str(raw), out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=64), log=logs.append)
-    assert stats == {"rows": 0, "skipped": {}, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
+    assert stats == {"rows": 0, "skipped": {}, "dropped": {}, "tokens": 0, "supervised_tokens": 0,
+                     "server_id_rows": 0}
     assert logs == ["Tokenized: 0 (0 skipped)"]
     assert len(datasets.Dataset.from_file(out)) == 0
 

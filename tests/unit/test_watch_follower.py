@@ -55,13 +55,14 @@ def test_follower_starts_over_when_the_journal_is_replaced_or_cut(tmp_path):
 def test_rates_over_the_last_minute_and_the_total():
     f = JournalFollower("unused")
     for t in (10.0, 40.0, 70.0, 90.0):
-        f.recent.append((t, 100))
-    req_s, tok_s = f.rates(now=100.0)  # the record of t=10 is out of the window
+        f.recent.append((t, 100, 100))
+    req_s, tok_s, _ = f.rates(now=100.0)  # the record of t=10 is out of the window
     assert abs(tok_s - 300 / 60) < 1e-9 and abs(req_s - 3 / 60) < 1e-9
 
     class V:
         def __init__(self, tokens, budget, tok_s, finished):
             self.tokens, self.budget, self.tok_s, self.finished = tokens, budget, tok_s, finished
+            self.budget_rate = tok_s  # nothing dropped: the kept rate is the rate
 
     tokens, budget, left, tps, eta = total([V(50, 100, 5.0, False), V(300, 200, 0.0, True)])
     assert (tokens, budget, left, tps, eta) == (350, 300, 50, 5.0, 10.0)
