@@ -231,11 +231,13 @@ def refused_state(changed: Iterable[str]) -> str:
 def format_status_table(rows: Sequence[tuple[str, int, int, int, int, str, bool]]) -> str:
     """The table `snakemake -n` prints, one `budgetgen: ` line per dataset."""
     width = max(len("dataset"), *(len(r[0]) for r in rows))
-    lines = [f"budgetgen: {'dataset':<{width}}  {'tokens':>12}  {'budget':>12}  {'left':>12}  {'responses':>9}  state"]
+    lines = [f"budgetgen: {'dataset':<{width}}  {'kept tokens':>12}  {'budget':>12}  {'left':>12}  "
+             f"{'responses':>9}  state"]
     for name, tokens, budget, left, responses, state, _ in rows:
         lines.append(f"budgetgen: {name:<{width}}  {tokens:>12}  {budget:>12}  {left:>12}  {responses:>9}  {state}")
     read_now = [r[0] for r in rows if r[6]]
-    lines.append("budgetgen: (token counts as of the last finished job, or read from the journal now where a "
+    lines.append("budgetgen: (kept tokens: those the quality gate keeps, what the budget counts; responses: all "
+                 "journaled; as of the last finished job, or read from the journal now where a "
                  "later run wrote to it: " + (", ".join(read_now) or "none") + ")")
     return "\n".join(lines)
 

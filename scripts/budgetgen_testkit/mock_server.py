@@ -154,9 +154,17 @@ class Plan:
             length = max(1, round(rng.lognormvariate(mu, cfg.sigma)))
         else:
             length = max(1, round(mean))
+        unclosed = False
+        if cfg.truncate_share or cfg.unclosed_share:  # a draw of its own: the lengths stay as without
+            fate = random.Random(int(hashlib.sha256((key + "/fate").encode()).hexdigest(), 16)).random()
+            if fate < cfg.truncate_share and max_tokens is not None:
+                length = max(length, max_tokens + 1)  # runs into max_tokens: cut there
+            elif fate < cfg.truncate_share + cfg.unclosed_share:
+                unclosed = True
         n = length if max_tokens is None else min(length, max_tokens)
         self.finish_reason = "length" if n < length else "stop"
-        self.n_reasoning = min(n, round(cfg.reasoning_share * length))
+        # unclosed: the reasoning never ends (a reasoning parser puts all of it in reasoning_content)
+        self.n_reasoning = n if unclosed else min(n, round(cfg.reasoning_share * length))
         self.words = [rng.randrange(len(VOCAB)) for _ in range(n)]
         self.token_ids = None  # set when the request asks for them and the server can tokenize
         self.prompt_ids = None  # the prompt's ids (vLLM: on the first chunk)
@@ -945,6 +953,11 @@ def build_parser():
     g.add_argument("--mean-tokens", type=float, default=64,
                    help="mean response length; a request's `mock_mean_tokens` overrides it (default %(default)s)")
     g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
+    g.add_argument("--truncate-share", type=_probability, default=0.0,
+                   help="share of responses that run into max_tokens (finish_reason length; default 0)")
+    g.add_argument("--unclosed-share", type=_probability, default=0.0,
+                   help="share of responses whose reasoning never closes: all in the reasoning field, no "
+                        "content, finish_reason stop (default 0)")
     g.add_argument("--reasoning-share", type=_probability, default=0.0,
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
     g.add_argument("--engine", choices=sorted(RELEASED), default="vllm",
