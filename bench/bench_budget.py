@@ -77,7 +77,8 @@ def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True
     config = {"server": {"base_url": url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 120,
                          "continuous_usage_stats": bool(continuous_usage)},
               "generation": {"token_budget": sh["budget"], "max_tokens": sh["max_tokens"],
-                             "concurrency": sh["concurrency"], "seed": seed},
+                             "concurrency": sh["concurrency"], "seed": seed,
+                             "quality": {"truncated": "drop" if sh.get("drop") else "keep"}},
               "tokenizer": {"path": "unused"}, "datasets": {"bench": {"prompts": str(prompts)}}}
     (d / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     cmd = [sys.executable, str(common.REPO / "scripts" / "run_inference.py"), "--directory", str(d),
@@ -89,7 +90,9 @@ def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True
     d = d / "results" / "bench"
     with open(d / "journal.jsonl") as f:
         for line in f:
-            kept += json.loads(line)["usage"]["completion_tokens"]
+            rec = json.loads(line)
+            if not (sh.get("drop") and "truncated" in rec["flags"]):  # the quality gate's fate
+                kept += rec["usage"]["completion_tokens"]
             responses += 1
     done = json.loads((d / "inference.done").read_text())
     assert done["tokens"] == kept, (done, kept)
@@ -113,7 +116,9 @@ async def run_baseline(policy, order, url, sh):
                 break
             done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                kept += int(task.result().usage["completion_tokens"])
+                res = task.result()
+                if not (sh.get("drop") and res.finish_reason == "length"):
+                    kept += int(res.usage["completion_tokens"])
                 responses += 1
             if policy == "cancel" and kept >= budget:
                 for task in inflight:
@@ -132,7 +137,9 @@ def oracle(order, server_args, sh):
     for messages in order:
         if kept >= sh["budget"]:
             break
-        kept += len(common.mock_server.Plan(cfg, messages, sh["max_tokens"]).words)
+        plan = common.mock_server.Plan(cfg, messages, sh["max_tokens"])
+        if not (sh.get("drop") and plan.finish_reason == "length"):  # it knows the fates too
+            kept += len(plan.words)
         responses += 1
     return kept, responses
 
@@ -143,6 +150,8 @@ def one_run(policy, seed, per_event, work, prompts, order, sh, args):
                    "--seed", seed, "--slots", sh["concurrency"], "--tokens-per-s", rate,
                    "--chunk-interval-s", args.chunk_interval_s, "--sample-interval", args.sample_interval,
                    "--tokens-per-event", per_event]
+    if sh.get("drop"):
+        server_args += ["--truncate-share", sh["drop"]]
     if policy == "oracle":
         kept, responses = oracle(order, server_args, sh)
         b = sh["budget"]
@@ -196,6 +205,9 @@ def main(argv=None):
     ap.add_argument("--no-continuous-usage", action="store_true",
                     help="budgetgen does not ask for usage on every chunk (server.continuous_usage_stats: false): "
                          "it counts tokens in flight from the text, as with a server without continuous usage")
+    ap.add_argument("--drop-share", type=float, default=0.0,
+                    help="share of responses the mock runs into max_tokens, which budgetgen's quality gate drops "
+                         "(quality.truncated: drop) and no policy counts: the budget is of kept tokens (default 0)")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()
     scale = args.scale or (1.0 if args.full else 100.0)
@@ -213,7 +225,7 @@ def main(argv=None):
     multiples = [float(x) for x in args.budget_means.split(",") if x.strip()] or [None]
     runs = [(p, n, m) for m in multiples for n in sizes for p in policies
             if p == "budgetgen" or args.baselines_every_size or n == sizes[0]]
-    shapes = {m: shape(scale, m) for m in multiples}
+    shapes = {m: {**shape(scale, m), "drop": args.drop_share} for m in multiples}
     sh = shapes[multiples[0]]
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
@@ -312,7 +324,12 @@ def main(argv=None):
                          f"seed <= the oracle's worst {floor:+.3f}% + 0.5 points and >= budget, 0 % not kept: "
                          f"{'met' if over <= floor + 0.5 and under >= 0 and disc == 0 else 'NOT met'} "
                          f"(worst {over:+.3f}%).")
-    name = "budget-means" if args.budget_means else "budget"
+    if args.drop_share:
+        notes.append(f"Drops: the mock runs {100 * args.drop_share:g} % of responses (and those its lognormal clips) "
+                     "into max_tokens; budgetgen's quality gate drops them (quality.truncated: drop), the baselines "
+                     "and the oracle count none of them: kept = completion tokens of the responses not cut. "
+                     "`not kept` then includes the dropped responses' tokens (generated, journaled, not rows).")
+    name = ("budget-means" if args.budget_means else "budget") + ("-drops" if args.drop_share else "")
     common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, "
                         "finish in flight, oracle",
                   headers, rows, notes)
