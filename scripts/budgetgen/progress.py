@@ -79,9 +79,10 @@ class RunStats:
                       queued: int) -> str:
         rps, tps = self.rates.rates()
         pct = 100.0 * journaled.tokens / budget if budget else 100.0
-        left = budget - journaled.tokens
-        eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
-        return (f"progress: {journaled.records} responses, {journaled.tokens}/{budget} tokens ({pct:.1f}%), "
+        eta = eta_s(journaled, budget, tps)
+        dropped = sum(journaled.dropped.values())
+        return (f"progress: {journaled.records} responses{f' ({dropped} dropped)' if dropped else ''}, "
+                f"{journaled.tokens}/{budget} kept tokens ({pct:.1f}%), "
                 f"{rps:.2f} req/s, {tps:.0f} tok/s, in flight {inflight} ({streaming} tokens streamed), "
                 f"queued {queued}, retries {self.retries}, errors {self.errors}, ETA {fmt_eta(eta)}")
 
@@ -92,17 +93,28 @@ class RunStats:
         (`D/CELL`), else the dataset's."""
         _, tps = (rates or self.rates).rates()
         pct = 100.0 * journaled.tokens / budget if budget else 100.0
-        left = budget - journaled.tokens
-        eta = left / tps if tps > 0 and left > 0 else (0 if left <= 0 else None)
+        eta = eta_s(journaled, budget, tps)
         if state.startswith("done"):
             eta = 0  # finished: exhausted short of the budget has nothing left to wait for
         return (f"budgetgen {dataset:<{NAME_WIDTH}} {journaled.tokens:>12,} / {budget:<12,} tok {pct:5.1f}%  "
-                f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  ETA {fmt_eta(eta):>8}  {state}")
+                f"{tps:>8,.0f} tok/s  in flight {inflight:>5}  errors {self.errors:>5}  "
+                f"dropped {sum(journaled.dropped.values()):>5}  ETA {fmt_eta(eta):>8}  {state}")
+
+
+def eta_s(journaled: journal.JournalState, budget: int, tps: float) -> float | None:
+    """Seconds until the kept tokens reach the budget at `tps` generated tokens/s, of which the share the
+    quality gate has kept so far counts (None: no rate yet; 0: met)."""
+    left = budget - journaled.tokens
+    if left <= 0:
+        return 0
+    keep = journaled.tokens / journaled.generated_tokens if journaled.generated_tokens else 1.0
+    return left / (tps * keep) if tps > 0 and keep > 0 else None
 
 
 # What terminal_line writes, for whoever reads the run's terminal or its Snakemake log (tests, scripts).
 TERMINAL_LINE = (r"^budgetgen (?P<dataset>\S+)\s+(?P<tokens>[\d,]+) / (?P<budget>[\d,]+)\s+tok\s+(?P<pct>[\d.]+)%\s+"
                  r"(?P<tps>[\d,]+) tok/s\s+in flight\s+(?P<inflight>\d+)\s+errors\s+(?P<errors>\d+)\s+"
+                 r"dropped\s+(?P<dropped>\d+)\s+"
                  r"ETA\s+(?P<eta>\S+)\s+(?P<state>.+)$")
 
 
@@ -158,7 +170,9 @@ class JobProgress:
         line = self.stats.progress_line(rs.journaled, self.budget, len(self.inflight),
                                         sum(p.seen for p in self.inflight.values()), rs.queued())
         if len(rs.lanes) > 1:
-            line += "; lanes: " + ", ".join(f"{k} {lr.tokens}/{lr.lane.budget}" for k, lr in rs.lanes.items())
+            line += "; lanes: " + ", ".join(f"{k} {lr.tokens}/{lr.lane.budget}"
+                                            + (f" ({sum(lr.dropped.values())} dropped)" if lr.dropped else "")
+                                            for k, lr in rs.lanes.items())
         return line
 
     def to_terminal(self, state: str = "running") -> None:
@@ -172,7 +186,8 @@ class JobProgress:
         out.write(self.stats.terminal_line(self.dataset, rs.journaled, self.budget, len(self.inflight), state) + "\n")
         if len(rs.lanes) > 1:
             for k, lr in rs.lanes.items():
-                counts = journal.JournalState(path="", tokens=lr.tokens, records=lr.records)
+                counts = journal.JournalState(path="", tokens=lr.tokens, records=lr.records,
+                                              generated_tokens=lr.generated_tokens, dropped=lr.dropped)
                 lane_state = state if not state.startswith("done") else \
                     f"done: {'met' if lr.tokens >= lr.lane.budget else 'exhausted'}"
                 out.write(self.stats.terminal_line(f"{self.dataset}/{k}", counts, lr.lane.budget,
