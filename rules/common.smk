@@ -7,7 +7,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
-from budgetgen import cluster, configcheck, failures, settings, state, status  # noqa: E402
+from budgetgen import cluster, configcheck, estimate, failures, settings, state, status  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 # datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow
@@ -152,13 +152,18 @@ def raw_responses_input(wildcards):
 def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
-        rows = []
+        rows, left = [], []
+        expected = config["server"].get("expected_tokens_per_s")
         for ds in DATASETS:
             s = settings.InferenceSettings.from_config(config, ds)
-            rows += state.status_rows(
+            mine = state.status_rows(
                 ds, dataset_files(ds), s.mixture.budgets(), s.policy, status.table_counts(s)
             )
+            rows += mine
+            left.append(estimate.remaining(s, mine[0][1], expected))
         print(state.format_status_table(rows), file=sys.stderr)
+        gpus = estimate.server_gpus(config["server"])
+        print(estimate.format_table(left, expected, gpus), file=sys.stderr)
         print(f"budgetgen: {cluster.request_line(config, *profile_resources())}", file=sys.stderr)
 
 

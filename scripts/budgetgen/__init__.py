@@ -30,6 +30,7 @@ One module per concern:
   retries      one request's attempts, permanent errors held until proved the prompts', prove_server
   inference    the dispatch loop tying plan, budget, client and journal together; the outcome
   status       budget status of a dataset (the checkpoint's content)
+  estimate     what the remaining work costs before it starts: wall time, GPU-hours, storage (-n prints it)
   state        a dataset's state (fresh, partial, met, exhausted, refused), defined once
   turn_format  the tokenizer loaded and its template probed: end-of-turn token, reasoning delimiters
   chat_render  the chat template rendered as the engines render it (content parts, compiled + checked)
