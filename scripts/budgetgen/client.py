@@ -245,7 +245,8 @@ class ChatClient:
     """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
 
     def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
-                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True, engine="openai"):
+                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True, engine="openai",
+                 thinking_processor=None):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s)
         self.base_url = self.pool.endpoints[0].base_url
@@ -266,6 +267,7 @@ class ChatClient:
                                             timeout=httpx.Timeout(10.0))
         self.continuous_usage_stats = continuous_usage_stats
         self.engine = dialect(engine)  # the server's wire format (budgetgen.engines)
+        self.thinking_processor = thinking_processor  # server.thinking_processor (SGLang's thinking budget)
         self.token_rate = TokenRate()
         self.checker = ServerCheck(self.probe_http, model, self.engine)
         self.watchdog = StreamWatchdog(self.timeout_s, self.checker.endpoint)
@@ -324,6 +326,8 @@ class ChatClient:
                 body[k] = params[k]
         body.update(params.get("extra_body") or {})
         body.update(self.engine.request_fields(want_ids))
+        if params.get("thinking_budget") is not None:
+            body.update(self.engine.thinking_fields(params["thinking_budget"], self.thinking_processor))
         return body
 
     async def _chat(self, ep, st, messages, params, on_token=None, want_ids=False):

@@ -132,6 +132,19 @@ def not_found(key: str, path: str, configfiles: Iterable[str | os.PathLike] = ()
     return line + ")"
 
 
+def thinking_budget_keys(config: dict[str, Any]) -> list[str]:
+    """The config keys that ask a thinking budget of the server (a dataset's or the generation's, a cell's)."""
+    keys = []
+    for ds in sorted(config["datasets"]):
+        own = config["datasets"][ds]
+        if generation_setting(config, ds, "thinking_budget") is not None:
+            keys.append(f"datasets.{ds}.thinking_budget" if "thinking_budget" in own else "generation.thinking_budget")
+        for name, cell in (generation_setting(config, ds, "mixture") or {}).items():
+            if cell.get("thinking_budget") is not None:
+                keys.append(f"datasets.{ds}.mixture.{name}.thinking_budget")
+    return keys
+
+
 def config_problem(config: dict[str, Any], configfiles: Iterable[str | os.PathLike] = ()) -> str | None:
     """What a schema cannot check, as one line naming the key, or None: server.engine and
     server.return_token_ids agree (budgetgen.engines), the files a dataset names
@@ -141,11 +154,15 @@ def config_problem(config: dict[str, Any], configfiles: Iterable[str | os.PathLi
     template (budgetgen.template_check)."""
     import os
 
-    from .engines import engine_problem
+    from .engines import engine_problem, thinking_problem
 
     problem = engine_problem(config["server"])
     if problem:
         return problem
+    for key in thinking_budget_keys(config):
+        problem = thinking_problem(config["server"], key)
+        if problem:
+            return problem
     model_config = config["tokenizer"].get("model_config")
     if model_config and not os.path.isfile(model_config):
         return not_found("tokenizer.model_config", model_config, configfiles)

@@ -44,6 +44,7 @@ class Dialect:
     ids_hint: str = ""  # what to do when the ids do not come
     continuous_usage: bool = True  # honours stream_options.continuous_usage_stats
     ids_in_choices: bool = False  # choice_ids() may find ids in a chunk's choices (else it is never asked)
+    thinking_budget_how: str = ""  # how the engine caps reasoning per request ("": it cannot)
 
     @property
     def sends_ids(self) -> bool:
@@ -52,6 +53,11 @@ class Dialect:
     def request_fields(self, want_ids: bool) -> dict:
         """Fields added to a chat request's body."""
         return {name: True for name in self.ids_fields} if want_ids else {}
+
+    def thinking_fields(self, budget: int, processor: str | None = None) -> dict:
+        """The request fields that cap a request's reasoning at `budget` tokens (`processor`: SGLang's
+        model-specific processor, server.thinking_processor)."""
+        raise ValueError(f"{self.imitates} has no per-request thinking budget")
 
     def stream_options(self, continuous_usage_stats: bool) -> dict:
         options = {"include_usage": True}
@@ -112,6 +118,11 @@ class Dialect:
 
 
 class VLLM(Dialect):
+    def thinking_fields(self, budget: int, processor: str | None = None) -> dict:
+        # vllm/entrypoints/openai/chat_completion/protocol.py: ChatCompletionRequest.thinking_token_budget; the
+        # sampler forces the reasoning parser's end string (</think>) once the reasoning reaches it
+        return {"thinking_token_budget": int(budget)}
+
     def chunk_ids(self, chunk: dict) -> tuple[list[int] | None, list[int] | None]:
         return chunk.get("prompt_token_ids") or None, None
 
@@ -119,7 +130,31 @@ class VLLM(Dialect):
         return choice.get("prompt_token_ids") or None, choice.get("token_ids") or None
 
 
+# SGLang 0.5.23 sglang/srt/sampling/custom_logit_processor.py: the thinking-budget processors per model family
+SGLANG_PROCESSORS = {"qwen3": "Qwen3ThinkingBudgetLogitProcessor",
+                     "deepseek_r1": "DeepSeekR1ThinkingBudgetLogitProcessor",
+                     "glm4_moe": "Glm4MoeThinkingBudgetLogitProcessor",
+                     "inkling": "InklingThinkingBudgetLogitProcessor"}
+SGLANG_PROCESSOR_MODULE = "sglang.srt.sampling.custom_logit_processor"
+
+
+def class_reference_pickle(module: str, name: str) -> bytes:
+    """A pickle (protocol 4) of a reference to the class `module.name`: what dill.dumps(cls) makes of an
+    importable class, and what SGLang's CustomLogitProcessor.from_str loads (dill.loads) on the server."""
+    body = (b"\x8c" + bytes([len(module)]) + module.encode() + b"\x94"
+            + b"\x8c" + bytes([len(name)]) + name.encode() + b"\x94\x93\x94.")
+    return b"\x80\x04\x95" + len(body).to_bytes(8, "little") + body
+
+
 class SGLang(Dialect):
+    def thinking_fields(self, budget: int, processor: str | None = None) -> dict:
+        # CustomLogitProcessor.to_str(): {"callable": dill.dumps(cls).hex()}; the budget in custom_params
+        # (ThinkingBudgetLogitProcessor reads custom_params["thinking_budget"]); the server needs
+        # --enable-custom-logit-processor (else HTTP 400)
+        ref = class_reference_pickle(SGLANG_PROCESSOR_MODULE, SGLANG_PROCESSORS[processor or "qwen3"])
+        return {"custom_logit_processor": json.dumps({"callable": ref.hex()}),
+                "custom_params": {"thinking_budget": int(budget)}}
+
     def chunk_ids(self, chunk: dict) -> tuple[list[int] | None, list[int] | None]:
         ext = chunk.get("sglext")
         if not isinstance(ext, dict):
@@ -133,11 +168,14 @@ DIALECTS = {
     "vllm": VLLM(
         "vllm", "vLLM 0.33.0", reasoning_fields=("reasoning", "reasoning_content"),
         ids_fields=("return_token_ids",), ids_in_choices=True,
+        thinking_budget_how="thinking_token_budget (the server needs --reasoning-parser or --reasoning-config)",
         ids_hint="vLLM sends them with return_token_ids unless extra_body.include_reasoning is false (remove it); "
                  "for SGLang set server.return_token_ids: sglang"),
     "sglang": SGLang(
         "sglang", "SGLang 0.5.23", reasoning_fields=("reasoning_content",),
         ids_fields=("return_input_ids_in_sglext", "return_output_ids_in_sglext"),
+        thinking_budget_how="its thinking-budget logit processor (custom_logit_processor + custom_params; the "
+                            "server needs --enable-custom-logit-processor)",
         ids_hint="SGLang (0.5.23) sends them with return_input_ids_in_sglext/return_output_ids_in_sglext, "
                  "or launch it with --return-input-ids --return-output-ids; for vLLM set "
                  "server.return_token_ids: vllm"),
@@ -162,6 +200,21 @@ def resolve(server: dict) -> tuple[str, bool]:
     if engine == "auto":
         engine = named or "openai"
     return engine, bool(ids)
+
+
+def thinking_problem(server: dict, key: str) -> str | None:
+    """One line where a thinking budget (config key `key`) is asked of an engine that cannot enforce it, or
+    of SGLang without server.thinking_processor; else None."""
+    engine, _ = resolve(server)
+    chosen = DIALECTS[engine]
+    if not chosen.thinking_budget_how:
+        can = ", ".join(f"{n} ({d.thinking_budget_how})" for n, d in DIALECTS.items() if d.thinking_budget_how)
+        return (f"config key {key}: {chosen.imitates} (server.engine: {engine}) cannot cap reasoning per request; "
+                f"engines that can: {can}; set server.engine or remove {key}")
+    if engine == "sglang" and not server.get("thinking_processor"):
+        return (f"config key {key}: SGLang's thinking budget is a model-specific logit processor; set "
+                f"server.thinking_processor to one of {', '.join(SGLANG_PROCESSORS)} (the target's family)")
+    return None
 
 
 def engine_problem(server: dict) -> str | None:

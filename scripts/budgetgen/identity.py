@@ -63,7 +63,8 @@ UNKNOWN_SAMPLES = "several (written before identities)"
 # content key (content_key) recorded in tokenized.arrow. Tokenizer keys: those that change the rows
 # (processes only changes the speed; the forecast keys only the summary).
 CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p", "seed", "extra_body", "turns",
-                           "history_reasoning", "samples_per_prompt", "on_settings_change", "mixture", "validation")
+                           "history_reasoning", "samples_per_prompt", "on_settings_change", "mixture", "validation",
+                           "thinking_budget")
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
 
@@ -73,9 +74,10 @@ def _canonical(obj):
 
 
 def request_params(model: str, max_tokens: int, temperature: float | None = None, top_p: float | None = None,
-                   extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra_body: dict[str, Any] | None = None, thinking_budget: int | None = None) -> dict[str, Any]:
     """The request parameters that affect content, as journaled with every response and error (each
-    record's `params`): {"model", "max_tokens", "temperature"?, "top_p"?, "extra_body"?}, unset values
+    record's `params`): {"model", "max_tokens", "temperature"?, "top_p"?, "extra_body"?, "thinking_budget"?},
+    unset values
     left out. A permanent error is tied to the parameters that produced it, so changing a content
     setting (say a lower max_tokens after HTTP 400 "max_tokens too large") makes its prompt eligible again."""
     p = {"model": model, "max_tokens": int(max_tokens)}
@@ -85,6 +87,8 @@ def request_params(model: str, max_tokens: int, temperature: float | None = None
         p["top_p"] = top_p
     if extra_body:
         p["extra_body"] = extra_body
+    if thinking_budget is not None:
+        p["thinking_budget"] = int(thinking_budget)
     return p
 
 
@@ -97,6 +101,8 @@ def _request_settings(params):
             s[k] = float(params[k])
     if params.get("extra_body"):
         s["extra_body"] = params["extra_body"]
+    if params.get("thinking_budget") is not None:
+        s["thinking_budget"] = int(params["thinking_budget"])
     return s
 
 

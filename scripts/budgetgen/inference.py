@@ -97,8 +97,7 @@ class InferenceJob:
             self.client.pool.forget(chain.id)
         tokens = int(res.usage.get("completion_tokens") or 0)
         rs.count(lr, gid, tokens, lr.cell.gate.fate(rec["flags"], tokens))
-        self.stats.rates.add(tokens)
-        self.stats.responses += 1
+        self.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
         self.errors.success()
 
     def fail(self, exc: Exception) -> None:
@@ -281,7 +280,7 @@ def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
     client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
                              concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
                              recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats,
-                             engine=s.engine)
+                             engine=s.engine, thinking_processor=s.thinking_processor)
     return client, server
 
 

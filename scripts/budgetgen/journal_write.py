@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .errors import UserError
-from .quality import observe
+from .quality import budget_outcome, observe
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -76,7 +76,10 @@ def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: Cha
         rec["prompt_token_ids"] = result.prompt_token_ids
     if result.token_ids:
         rec["completion_token_ids"] = result.token_ids
-    rec["flags"] = observe(result.content, result.reasoning, result.finish_reason, tags=reasoning_tags)
+    forced = budget_outcome(result.usage, params.get("thinking_budget"))[0]
+    if params.get("thinking_budget") is not None:
+        rec["reasoning_forced_end"] = forced
+    rec["flags"] = observe(result.content, result.reasoning, result.finish_reason, forced, reasoning_tags)
     rec["usage"] = result.usage
     return rec
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import journal
 from .errors import terminal
+from .quality import budget_outcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,6 +70,19 @@ class RunStats:
         self.errors = 0  # permanent errors of this run
         self.responses = 0  # responses journaled by this run
         self.rates = Rates()
+        self.budget_passed = False  # the server let reasoning past thinking_budget (said once)
+
+    def responded(self, tokens: int, usage: dict, budget: int | None) -> None:
+        """A response of `tokens` journaled; said once per run where the server let its reasoning run past
+        thinking_budget `budget` (never a silent ignore: vllm#54906 reports vLLM ignoring it with MTP on)."""
+        self.rates.add(tokens)
+        self.responses += 1
+        passed = budget_outcome(usage, budget)[1]
+        if passed is not None and not self.budget_passed:
+            self.budget_passed = True
+            log.warning(f"the server let a response reason for {passed} tokens, past thinking_budget {budget}: it "
+                        "does not enforce the budget (vLLM with speculative decoding: vllm#54906; SGLang with "
+                        "EAGLE/MTP speculation); those responses are not flagged reasoning_forced_end")
 
     def retried(self, exc: Exception) -> None:
         kind = str(exc).split(":")[0]

@@ -126,6 +126,34 @@ def observe(content: str | None, reasoning: str | None, finish_reason: str | Non
     return facts
 
 
+# tokens a server may add past the budget when it ends the reasoning: SGLang's processor forces a newline and
+# then </think> (budget + 2); vLLM forces the end string, one or more tokens
+FORCED_END_SLACK = 4
+
+
+def reasoning_tokens(usage: Mapping[str, Any] | None) -> int | None:
+    """The reasoning tokens a response's usage counts (completion_tokens_details.reasoning_tokens, which vLLM
+    and SGLang fill with a reasoning parser; SGLang's top-level reasoning_tokens), or None."""
+    usage = usage or {}
+    details = usage.get("completion_tokens_details")
+    for value in ((details or {}).get("reasoning_tokens") if isinstance(details, dict) else None,
+                  usage.get("reasoning_tokens")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def budget_outcome(usage: Mapping[str, Any] | None, budget: int | None) -> tuple[bool, int | None]:
+    """(whether the server ended the reasoning at `budget`, the reasoning tokens where they ran past it)
+    from the usage: reasoning of budget .. budget + FORCED_END_SLACK tokens was ended by the server (a
+    response that ended there by itself cannot be told apart), more ran past it: the server ignored the
+    budget (vllm#54906: with MTP speculation). (False, None) without a budget or reasoning counts."""
+    r = reasoning_tokens(usage)
+    if budget is None or r is None:
+        return False, None
+    return budget <= r <= budget + FORCED_END_SLACK, (r if r > budget + FORCED_END_SLACK else None)
+
+
 def record_flags(rec: Mapping[str, Any], tags: tuple[str, str] | None = None) -> list[str]:
     """A journal record's facts: its `flags` as journaled, else (a record journaled before flags were)
     observed from its last message now."""

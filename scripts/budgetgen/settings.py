@@ -73,7 +73,8 @@ def generation_plan(config: dict[str, Any], dataset: str) -> Plan:
 def dataset_request_params(config: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The request params the dataset's inference job sends (and journals with every response)."""
     g = lambda key: generation_setting(config, dataset, key)  # noqa: E731
-    return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"))
+    return request_params(config["server"]["model"], g("max_tokens"), g("temperature"), g("top_p"), g("extra_body"),
+                          g("thinking_budget"))
 
 
 def generation_identity(config: dict[str, Any], dataset: str) -> Identity:
@@ -90,7 +91,7 @@ def dataset_mixture(config: dict[str, Any], dataset: str) -> Mixture:
     for name, own in (g("mixture") or {DEFAULT_CELL: {"share": 1.0}}).items():
         c = lambda key: own[key] if key in own else g(key)  # noqa: E731,B023
         params = request_params(config["server"]["model"], c("max_tokens"), c("temperature"), c("top_p"),
-                                merged_extra_body(g("extra_body"), own.get("extra_body")))
+                                merged_extra_body(g("extra_body"), own.get("extra_body")), c("thinking_budget"))
         plan = Plan(turns=c("turns"), samples=int(c("samples_per_prompt")), history_reasoning=c("history_reasoning"))
         gate = Gate.of({**quality_section(config, dataset), **(own.get("quality") or {})})
         cells.append(Cell(name, float(own["share"]), params, plan, Identity.of(settings_of(params, plan)), gate))
@@ -262,6 +263,7 @@ class InferenceSettings:
     earlier_prompts: tuple  # generation.dedup_across_datasets: the earlier datasets' prompts files
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
     reasoning_tags: tuple | None = None  # tokenizer.reasoning_tags: what quality.observe looks for
+    thinking_processor: str | None = None  # server.thinking_processor: SGLang's thinking-budget processor
 
     @classmethod
     def from_config(cls, config: dict[str, Any], dataset: str, slots: int | None = None,
@@ -294,7 +296,7 @@ class InferenceSettings:
             launch_ready_timeout_s=float(server["launch_ready_timeout_s"]), plan=generation_plan(config, dataset),
             policy=settings_policy(config, dataset, mix), mixture=mix,
             earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
-            reasoning_tags=reasoning_tags(config),
+            reasoning_tags=reasoning_tags(config), thinking_processor=server.get("thinking_processor"),
         )
 
     @property

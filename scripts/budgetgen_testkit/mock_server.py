@@ -512,6 +512,39 @@ class MockServer:
         self.tokenizer = None  # --token-ids-tokenizer, loaded on first use
         self.request_log = open(cfg.request_log, "a", encoding="utf-8") if cfg.request_log else None
 
+    def thinking_budget(self, plan, body):
+        """A per-request thinking budget as each released engine takes it: vLLM 0.33.0's
+        `thinking_token_budget` (needs --reasoning-parser/--reasoning-config: HTTP 400 without; then the end
+        string is forced once the reasoning reaches the budget), SGLang 0.5.23's thinking-budget logit
+        processor (`custom_logit_processor` + `custom_params.thinking_budget`; needs
+        --enable-custom-logit-processor: HTTP 400 without; forces a newline, then </think>: budget + 2
+        reasoning tokens at most). --thinking-budget-support says the server was started with what it needs;
+        --ignore-thinking-budget imitates a server that takes it and does not enforce it (vllm#54906).
+        Returns the error body of a refusal, or None (the plan's reasoning cut where the engine would)."""
+        cfg = self.cfg
+        if cfg.engine == "vllm" and body.get("thinking_token_budget") is not None:
+            budget, extra = body["thinking_token_budget"], 0
+            if not cfg.thinking_budget_support:
+                return {"error": {"message": "thinking_token_budget is set but reasoning_config is not configured. "
+                                  "Please set --reasoning-parser and/or --reasoning-config to use "
+                                  "thinking_token_budget.", "type": "BadRequestError", "param": None, "code": 400}}
+        elif cfg.engine == "sglang" and body.get("custom_logit_processor") is not None:
+            if not cfg.thinking_budget_support:
+                return {"object": "error", "message": "The server is not configured to enable custom logit "
+                        "processor. Please set `--enable-custom-logit-processor` to enable this feature.",
+                        "type": "BadRequestError", "param": None, "code": 400}
+            budget, extra = (body.get("custom_params") or {}).get("thinking_budget"), 1  # the forced newline
+            if not isinstance(budget, int) or budget < 0:
+                return None
+        else:
+            return None
+        if cfg.ignore_thinking_budget or budget < 0 or plan.n_reasoning <= budget:
+            return None
+        cut = plan.n_reasoning - budget - extra  # the reasoning past the budget is never generated
+        del plan.words[budget + extra:plan.n_reasoning]
+        plan.n_reasoning -= cut
+        return None
+
     def token_ids(self, messages, plan, body):
         """(prompt ids, generated ids) as a server with the target tokenizer would report them when its
         model produced exactly this text: the generation prompt rendered with the request's
@@ -652,7 +685,8 @@ class MockServer:
         if not isinstance(messages, list) or not messages:
             return fail(400, "'messages' must be a non-empty list")
         if self.request_log is not None:  # what the server was sent, for tests (one line per request)
-            self.request_log.write(json.dumps({"port": self.port, "messages": messages}) + "\n")
+            self.request_log.write(json.dumps({"port": self.port, "messages": messages,
+                                               "body": {k: v for k, v in body.items() if k != "messages"}}) + "\n")
             self.request_log.flush()
         model = body.get("model") or self.models[0]
         if model not in self.models:
@@ -713,6 +747,9 @@ class MockServer:
                 "object": "error", "message": "return_token_ids is not supported with streaming on "
                 "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
                 "type": "BadRequest", "param": None, "code": 400}, chat=True)
+        refusal = self.thinking_budget(plan, body)
+        if refusal is not None:
+            return self.send_json(conn, req, 400, refusal, chat=True)
         if cfg.token_ids_tokenizer and behaviour["ids"]:
             self.ask_ids(plan, messages, body, req.headers)
 
@@ -953,6 +990,11 @@ def build_parser():
     g.add_argument("--mean-tokens", type=float, default=64,
                    help="mean response length; a request's `mock_mean_tokens` overrides it (default %(default)s)")
     g.add_argument("--sigma", type=_nonneg, default=0.8, help="lognormal sigma of log length (default %(default)s)")
+    g.add_argument("--thinking-budget-support", action="store_true",
+                   help="started with what a thinking budget needs (vLLM: --reasoning-parser; SGLang: "
+                        "--enable-custom-logit-processor); without it a request with one is refused (HTTP 400)")
+    g.add_argument("--ignore-thinking-budget", action="store_true",
+                   help="take a thinking budget and do not enforce it (vllm#54906: with MTP speculation)")
     g.add_argument("--truncate-share", type=_probability, default=0.0,
                    help="share of responses that run into max_tokens (finish_reason length; default 0)")
     g.add_argument("--unclosed-share", type=_probability, default=0.0,

@@ -14,7 +14,7 @@ RUN = [sys.executable, str(REPO / "scripts" / "run_inference.py")]
 
 GENERATION_KEYS = {"token_budget", "max_tokens", "concurrency", "temperature", "top_p", "seed", "extra_body", "turns",
                    "history_reasoning", "samples_per_prompt", "on_settings_change",
-                   "on_bad_line"}
+                   "on_bad_line", "thinking_budget", "quality"}
 
 
 class JobFiles:
