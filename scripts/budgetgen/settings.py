@@ -134,10 +134,14 @@ def earlier_prompts(config: dict[str, Any], dataset: str) -> tuple[str, ...]:
 
 def content_settings(config: dict[str, Any], dataset: str) -> dict[str, Any]:
     """What makes the dataset's data what it is: the model, the content generation settings, the
-    tokenizer settings that change rows. Changing any of these changes the data."""
+    tokenizer settings that change rows. Changing any of these changes the data. A key added in a later
+    release (thinking_budget) is left out while unset, so an upgrade alone reruns nothing."""
+    generation = {k: generation_setting(config, dataset, k) for k in CONTENT_GENERATION_KEYS}
+    if generation.get("thinking_budget") is None:
+        generation.pop("thinking_budget", None)
     return {
         "model": config["server"]["model"],
-        "generation": {k: generation_setting(config, dataset, k) for k in CONTENT_GENERATION_KEYS},
+        "generation": generation,
         "tokenizer": {k: config["tokenizer"].get(k) for k in CONTENT_TOKENIZER_KEYS},
     }
 
