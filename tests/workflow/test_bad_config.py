@@ -209,7 +209,8 @@ def test_token_budget_required_only_for_datasets_without_one(tmp_path, tiny_toke
      "config key datasets.A.mixture: cells a and b have the same generation settings (dataset A); give each cell "
      "the settings that make it a cell"),
     ({"a": {"share": 1, "seed": 3}}, None, "config key datasets.A.mixture.a.seed: unknown key (known keys: "
-     "extra_body, history_reasoning, max_tokens, quality, samples_per_prompt, share, temperature, top_p, turns)"),
+     "extra_body, history_reasoning, max_tokens, quality, samples_per_prompt, share, temperature, thinking_budget, "
+     "top_p, turns)"),
     ({"a": {"temperature": 0.5}}, None, "config key datasets.A.mixture.a.share: required key is missing"),
     (None, {"share": 1}, "config key datasets.A.validation.share: 1 is greater than or equal to the maximum of 1"),
 ])
