@@ -311,6 +311,7 @@ class JournalFollower:
     inode: int | None = None
     tokens: int = 0  # kept (budgetgen.quality)
     generated_tokens: int = 0
+    prompt_tokens: int = 0  # usage.prompt_tokens of the counted records (the storage forecast)
     dropped: dict = field(default_factory=dict)  # reason -> records the gate drops
     records: int = 0
     ids: set = field(default_factory=set)
@@ -321,7 +322,7 @@ class JournalFollower:
 
     def reset(self) -> None:
         self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
-        self.generated_tokens, self.dropped = 0, {}
+        self.generated_tokens, self.prompt_tokens, self.dropped = 0, 0, {}
         self.ids, self.by_identity, self.recent = set(), {}, deque()
 
     def refresh(self) -> JournalFollower:
@@ -377,6 +378,7 @@ class JournalFollower:
             self.dropped[fate.reason] = self.dropped.get(fate.reason, 0) + 1
         self.tokens += kept
         self.generated_tokens += tokens
+        self.prompt_tokens += int((rec.get("usage") or {}).get("prompt_tokens") or 0)
         self.records += 1
         self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens, kept))
 

@@ -2,7 +2,8 @@
 
 Per dataset: tokens of the budget (kept by the quality gate, budgetgen.quality, with the responses it
 dropped beside them; or generations of those there are, for a dataset on its way to being
-exhausted), the state, tok/s and req/s over the last minute, the ETA and the errors; and a total
+exhausted), the state, tok/s and req/s over the last minute, the ETA, the errors, the GPU-hours
+(server.gpus) and hidden-state storage still to come; and a total
 line (the tokens left of every dataset not finished, over the aggregate rate).
 
 Read only, never in the way of a run: it reads the journals, errors.jsonl, the status and the done
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from . import conversations, journal, prompts, state
 from .errors import UserError
+from .estimate import server_gpus
+from .forecast import human_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,6 +54,8 @@ class DatasetView:
     errors: int
     dropped: int = 0  # responses the quality gate drops (budgetgen.quality): journaled, not counted
     kept_tok_s: float | None = None  # the rate of kept tokens (None: tok_s, nothing dropped)
+    gpu_hours_left: float | None = None  # ETA x the server's GPUs (budgetgen.estimate.server_gpus)
+    storage_left: int | None = None  # hidden-state bytes of the rows still to come (budgetgen.forecast)
 
     @property
     def budget_rate(self) -> float:
@@ -78,6 +83,7 @@ class Watcher:
                                                              s.mixture.gate_of(s.policy))
                           for s in self.settings}
         self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)
+        self.gpus = server_gpus(config["server"])
 
     def _generations(self, s):
         try:
@@ -110,8 +116,11 @@ class Watcher:
         left = s.budget - f.tokens
         finished = left <= 0 or st in (state.MET, state.MET_BY_JOURNAL, state.EXHAUSTED)
         eta = 0.0 if finished else (left / kept_tok_s if kept_tok_s > 0 else None)
+        ratio = f.prompt_tokens / f.generated_tokens if f.generated_tokens else 0.0
+        storage = s.forecast.bytes_for(max(0, left) * (1 + ratio)) if s.forecast is not None else None
+        gpu_h = eta * self.gpus / 3600 if eta is not None and self.gpus else None
         return DatasetView(s.dataset, f.tokens, s.budget, f.records, len(f.ids), self._generations(s), st, req_s,
-                           tok_s, eta, len(errored - f.ids), sum(f.dropped.values()), kept_tok_s)
+                           tok_s, eta, len(errored - f.ids), sum(f.dropped.values()), kept_tok_s, gpu_h, storage)
 
     def views(self, now: float | None = None) -> list[DatasetView]:
         now = time.time() if now is None else now
@@ -134,7 +143,7 @@ def total(views: Sequence[DatasetView]) -> tuple[int, int, int, float, float | N
 
 
 TSV_COLUMNS = ["dataset", "tokens", "budget", "budget_pct", "responses", "generations_done", "generations",
-               "state", "tok_s", "req_s", "eta_s", "errors", "dropped"]
+               "state", "tok_s", "req_s", "eta_s", "errors", "dropped", "gpu_hours_left", "hidden_state_bytes_left"]
 
 
 def format_tsv(views: Sequence[DatasetView]) -> str:
@@ -142,18 +151,27 @@ def format_tsv(views: Sequence[DatasetView]) -> str:
     for v in views:
         lines.append("\t".join(str(x) for x in (
             v.name, v.tokens, v.budget, f"{v.pct:.2f}", v.responses, v.generations_done, v.generations, v.state,
-            f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors, v.dropped)))
+            f"{v.tok_s:.1f}", f"{v.req_s:.2f}", "" if v.eta_s is None else f"{v.eta_s:.0f}", v.errors, v.dropped,
+            "" if v.gpu_hours_left is None else f"{v.gpu_hours_left:.2f}",
+            "" if v.storage_left is None else v.storage_left)))
     tokens, budget, left, tps, eta = total(views)
     pct = f"{100.0 * tokens / budget if budget else 100:.2f}"
     lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, pct,
                                            sum(v.responses for v in views), "", "", f"{left} left", f"{tps:.1f}",
                                            f"{sum(v.req_s for v in views):.2f}", "" if eta is None else f"{eta:.0f}",
-                                           sum(v.errors for v in views), sum(v.dropped for v in views))))
+                                           sum(v.errors for v in views), sum(v.dropped for v in views),
+                                           _sum_or_blank([v.gpu_hours_left for v in views], "{:.2f}"),
+                                           _sum_or_blank([v.storage_left for v in views], "{}"))))
     return "\n".join(lines) + "\n"
 
 
+def _sum_or_blank(values, fmt):
+    return "" if not values or None in values else fmt.format(sum(values))
+
+
 COLUMNS = (("dataset", "left"), ("progress", "left"), ("tokens / budget", "right"), ("%", "right"), ("state", "left"),
-           ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"), ("errors", "right"), ("dropped", "right"))
+           ("tok/s", "right"), ("req/s", "right"), ("ETA", "right"), ("errors", "right"), ("dropped", "right"),
+           ("GPU-h left", "right"), ("hidden states left", "right"))
 BAR_WIDTH = 20
 
 
@@ -169,11 +187,16 @@ def _rows(views):
         bar = ((v.generations_done, max(1, v.generations)) if exhausting
                else (min(v.tokens, v.budget), max(1, v.budget)))
         out.append(([v.name, "", f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
-                     f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors), str(v.dropped)], bar))
+                     f"{v.req_s:.2f}", fmt_eta(v.eta_s), str(v.errors), str(v.dropped),
+                     "?" if v.gpu_hours_left is None else f"{v.gpu_hours_left:.2f}",
+                     "?" if v.storage_left is None else human_bytes(v.storage_left)], bar))
     tokens, budget, left, tps, eta = total(views)
     out.append((["total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
                  f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
-                 str(sum(v.errors for v in views)), str(sum(v.dropped for v in views))], None))
+                 str(sum(v.errors for v in views)), str(sum(v.dropped for v in views)),
+                 _sum_or_blank([v.gpu_hours_left for v in views], "{:.2f}") or "?",
+                 (human_bytes(sum(v.storage_left for v in views))
+                  if views and None not in [v.storage_left for v in views] else "?")], None))
     return out
 
 
