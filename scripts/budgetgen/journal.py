@@ -82,14 +82,20 @@ class LaneCount:
     dropped: dict = field(default_factory=dict)
 
     def add(self, tokens: int, fate: Fate) -> None:
-        self.records += 1
-        self.generated_tokens += tokens
-        self.lengths.append(tokens)
-        self.kept.append(fate.kept)
-        if fate.kept:
-            self.tokens += tokens
-        else:
-            self.dropped[fate.reason] = self.dropped.get(fate.reason, 0) + 1
+        count_record(self, tokens, fate)
+
+
+def count_record(counts: LaneCount | JournalState, tokens: int, fate: Fate) -> None:
+    """One counted record of `tokens` completion tokens with its `fate` (budgetgen.quality) added to a
+    lane's or the whole journal's counts (the same fields in both)."""
+    counts.records += 1
+    counts.generated_tokens += tokens
+    counts.lengths.append(tokens)
+    counts.kept.append(fate.kept)
+    if fate.kept:
+        counts.tokens += tokens
+    else:
+        counts.dropped[fate.reason] = counts.dropped.get(fate.reason, 0) + 1
 
 
 @dataclass
@@ -231,14 +237,7 @@ def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str],
             gate = gate_of(sha, count.cell)
             if not gate.passes_all:
                 fate = gate.fate(line_flags(line, rec, f"{path}:{lineno}"), tokens)
-        state.records += 1
-        state.generated_tokens += tokens
-        state.lengths.append(tokens)
-        state.kept.append(fate.kept)
-        if fate.kept:
-            state.tokens += tokens
-        else:
-            state.dropped[fate.reason] = state.dropped.get(fate.reason, 0) + 1
+        count_record(state, tokens, fate)
         prompt = _PROMPT_TAIL.search(line, max(0, line.rfind('"usage":')))
         state.prompt_tokens += int(prompt.group(1)) if prompt else 0
         if lane_of is not None:
