@@ -143,8 +143,9 @@ class LengthModel:
     # least one response): early in a run at every response, as before; at 1M finished every 10,000.
     REBUILD_SHARE = 0.01
 
-    def inflight_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float]:
-        """(sum of E[final length], sum of Var[final length]) of the requests in flight, as
+    def inflight_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float, float]:
+        """(sum of E[final length], sum of Var[final length], sum of the estimates' standard errors) of the
+        requests in flight, as
         given_inflight(inflight_streamed) gives them one by one, from a CensoredLengths view that is
         rebuilt only when the finished lengths grew by REBUILD_SHARE (its censoring: the requests in flight
         then; mid-run they are a sample of the same distribution), evaluated for every request at once
@@ -201,6 +202,23 @@ class LengthModel:
         a = max(0, int(streamed)) + 1
         spread = self.largest if self.dropped else max(self.largest - a, 0)
         return float(max(self.max_tokens, a)), self.VAR_BOUND * float(spread) ** 2
+
+    def beyond_counted(self, k: int) -> int:
+        """The finished lengths beyond k as inflight_moments counts them: its view's (built earlier, so
+        never more than beyond(k)) while it stands, else beyond(k)."""
+        view = self._view
+        if view is None:
+            return self.beyond(k)
+        return int(view.a_beyond[min(k, len(view.a_beyond) - 1)])
+
+    @classmethod
+    def estimate_error_weight(cls, c: int) -> float:
+        """The largest weight w / sqrt(c') a request's standard error carries over its (unblended)
+        spread when c' >= c finished lengths lie beyond what it streamed (w = min(1, c' / MIN_SAMPLES),
+        the blend's weight): it rises as sqrt(c') / MIN_SAMPLES up to MIN_SAMPLES, then falls as
+        1 / sqrt(c'). That spread lies within the distribution's range, so its variance is at most
+        moment_bounds' (Popoviciu's quarter of the range squared is below VAR_BOUND's 25/64)."""
+        return 1.0 / math.sqrt(max(c, cls.MIN_SAMPLES))
 
     def expected_final(self, streamed: float) -> float:
         """Expected final length of a request that has produced `streamed` tokens so far."""
@@ -272,11 +290,13 @@ class CensoredLengths:
             self.a_mean = np.where(self.a_w > 1e-12, self.a_m / self.a_w, 0.0)
             self.a_var = np.maximum(0.0, np.where(self.a_w > 1e-12, self.a_q / self.a_w, 0.0) - self.a_mean**2)
 
-    def sum_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float]:
-        """(sum of means, sum of variances) of final_moments over the requests in flight, vectorized: the
-        same estimate and the same blend with the prior (LengthModel.blend)."""
+    def sum_moments(self, inflight_streamed: Sequence[float]) -> tuple[float, float, float]:
+        """(sum of means, sum of variances, sum of standard errors) of final_moments over the requests in
+        flight, vectorized: the same estimate and the same blend with the prior (LengthModel.blend). A
+        request's standard error is that of its estimated mean, sqrt(variance / c) from the c finished
+        lengths beyond what it streamed, times the blend's weight of them (LengthModel.estimate_error)."""
         if not len(inflight_streamed):
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         k = np.maximum(0, np.asarray(inflight_streamed, dtype=np.float64).astype(np.int64))
         j = np.searchsorted(self.a_points, k, side="right")
         mass = self.a_w[j]
@@ -284,7 +304,9 @@ class CensoredLengths:
         if c.min() >= LengthModel.MIN_SAMPLES and mass.min() > 1e-12:  # no blend: the moments as they are
             cap = np.maximum(self.max_tokens, k + 1)
             low = 0 if self.any_dropped else k + 1
-            return float(np.minimum(np.maximum(self.a_mean[j], low), cap).sum()), float(self.a_var[j].sum())
+            var = self.a_var[j]
+            return (float(np.minimum(np.maximum(self.a_mean[j], low), cap).sum()), float(var.sum()),
+                    float(np.sqrt(var / c).sum()))
         c = c.astype(np.float64)
         empty = (mass <= 1e-12) | (c <= 0)
         safe = np.where(empty, 1.0, mass)
@@ -296,10 +318,11 @@ class CensoredLengths:
         mean = np.where(empty, prior_mean, mean)
         var = np.where(empty, prior_var, var)
         w = np.minimum(1.0, c / LengthModel.MIN_SAMPLES)
+        se = w * np.sqrt(var / np.maximum(c, 1.0))  # the estimate's own error, weighted as it is blended
         var = w * var + (1 - w) * prior_var + w * (1 - w) * (mean - prior_mean) ** 2
         mean = mean * w + prior_mean * (1 - w)
         mean = np.minimum(np.maximum(mean, 0.0 if self.any_dropped else k + 1.0), cap)
-        return float(mean.sum()), float(var.sum())
+        return float(mean.sum()), float(var.sum()), float(se.sum())
 
     def final_moments(self, streamed: float) -> tuple[float, float]:
         """Mean and variance of the final length of a request that has produced `streamed` tokens."""
@@ -349,9 +372,12 @@ class DispatchPolicy:
         self.careful_allowed = careful
 
     def expected_total(self, journaled_tokens: int, inflight_streamed: Sequence[float]) -> tuple[float, float]:
-        """Expected final kept tokens and the variance of that total (LengthModel.inflight_moments)."""
-        mean, var = self.model.inflight_moments(inflight_streamed)
-        return float(journaled_tokens) + mean, var
+        """Expected final kept tokens and the variance of that total (LengthModel.inflight_moments): the
+        requests' own spread plus the error of the estimate they share, taken as one error common to all
+        of them (the square of the summed standard errors: every request in flight is expected from the
+        same finished lengths, so an estimate that is off is off for each)."""
+        mean, var, se = self.model.inflight_moments(inflight_streamed)
+        return float(journaled_tokens) + mean, var + se * se
 
     def careful(self) -> bool:
         """Whether one response's spread (the finished lengths' standard deviation; before MIN_SAMPLES
@@ -375,9 +401,11 @@ class DispatchPolicy:
         n = len(inflight_streamed)
         if not n:
             return float(journaled_tokens)
-        mean_hi = self.model.moment_bounds(max(inflight_streamed))[0]
-        var_hi = self.model.moment_bounds(min(inflight_streamed))[1]
-        return journaled_tokens + n * mean_hi + (self.Z if z is None else z) * math.sqrt(n * var_hi)
+        m = self.model
+        mean_hi = m.moment_bounds(max(inflight_streamed))[0]
+        var_hi = m.moment_bounds(min(inflight_streamed))[1]
+        se_hi = math.sqrt(var_hi) * m.estimate_error_weight(m.beyond_counted(max(0, int(max(inflight_streamed)))))
+        return journaled_tokens + n * mean_hi + (self.Z if z is None else z) * math.sqrt(n * var_hi + (n * se_hi) ** 2)
 
     def may_dispatch(self, journaled_tokens: int, inflight_streamed: Sequence[float]) -> bool:
         if journaled_tokens >= self.budget:

@@ -109,7 +109,8 @@ def test_margin_stops_dispatch_before_the_expected_total_reaches_the_budget():
     m = LengthModel(max_tokens=1000, lengths=[50, 250] * 50)  # mean 150, standard deviation 100
     p = DispatchPolicy(budget=1000, model=m, careful=False)  # the margin itself (careful mode: below)
     mean, var = p.expected_total(0, [0] * 6)
-    assert (mean, var) == (900, 60000)
+    # six spreads of 100 (6 * 100^2), plus the error of the mean they share: 6 * 100 / sqrt(100) = 60
+    assert (mean, var) == (900, 60000 + 60**2)
     assert p.may_dispatch(0, [0] * 3)  # 450 + 2 * 173 < 1000
     assert not p.may_dispatch(0, [0] * 6)  # 900 + 2 * 245 >= 1000, though 900 alone is below
     assert p.may_dispatch(990, [])  # nothing in flight, below budget: no spread, top up
@@ -220,8 +221,11 @@ def test_just_inside_the_bound_the_shortcut_and_the_full_rule_both_dispatch():
     m = LengthModel(100, [1] * 7)
     journaled, inflight = 1000, [0, 0, 5, 30]
     bound = DispatchPolicy(1, m).total_bound(journaled, inflight)
-    # sum(E) <= 4 * 100; sum(Var) <= 4 * 25/64 * 99^2 (the smallest k in flight is 0)
-    assert bound == journaled + 4 * 100 + 2 * math.sqrt(4 * 25 / 64 * 99**2)
+    # sum(E) <= 4 * 100; sum(Var) <= 4 * 25/64 * 99^2 (the smallest k in flight is 0); each standard
+    # error <= sqrt(25/64 * 99^2) / sqrt(MIN_SAMPLES) (7 lengths, fewer than MIN_SAMPLES)
+    var_hi = 25 / 64 * 99**2
+    se_hi = math.sqrt(var_hi / LengthModel.MIN_SAMPLES)
+    assert bound == journaled + 4 * 100 + 2 * math.sqrt(4 * var_hi + (4 * se_hi) ** 2)
     p = DispatchPolicy(math.floor(bound) + 1, m, careful=False)  # just above the bound
     mean, var = p.expected_total(journaled, inflight)
     assert mean + p.Z * math.sqrt(var) < p.budget  # the full rule: dispatch
@@ -315,3 +319,21 @@ def test_careful_at_small_budgets_lands_where_the_oracle_does():
     # at production's ratio one response is 0.03 % of the budget: the rule is as it was
     p = DispatchPolicy(10_000_000, LengthModel(10240, [3500, 500, 9000] * 20))
     assert not p.careful()
+
+
+def test_the_margin_counts_the_error_of_the_estimate_the_requests_in_flight_share():
+    # The same lengths seen 20 times or 2,000 times: the same mean and spread per request, but 150
+    # requests expected from 20 samples share one estimate whose error (sd 100 / sqrt(20) each) is
+    # common to all of them; from 2,000 it is 10 times smaller. Under load the first burst of a small
+    # budget was dispatched on ~20 samples that under-counted the drops: +7.5 % over 100 mean lengths.
+    few = LengthModel(1000, [50, 250] * 10)
+    many = LengthModel(1000, [50, 250] * 1000)
+    inflight = [0] * 150
+    (m_few, v_few), (m_many, v_many) = (DispatchPolicy(1, m).expected_total(0, inflight) for m in (few, many))
+    assert m_few == m_many == 150 * 150
+    assert v_few == pytest.approx(150 * 100**2 + (150 * 100 / math.sqrt(20)) ** 2)
+    assert v_many == pytest.approx(150 * 100**2 + (150 * 100 / math.sqrt(2000)) ** 2)
+    budget = 150 * 150 + 2 * math.sqrt(v_many) + 1  # the many-sample rule sends the 150th, the few-sample one not
+    assert DispatchPolicy(budget, many, careful=False).may_dispatch(0, inflight)
+    assert not DispatchPolicy(budget, few, careful=False).may_dispatch(0, inflight)
+
