@@ -40,6 +40,7 @@ for the rule.
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -208,6 +209,9 @@ def main(argv=None):
     ap.add_argument("--drop-share", type=float, default=0.0,
                     help="share of responses the mock runs into max_tokens, which budgetgen's quality gate drops "
                          "(quality.truncated: drop) and no policy counts: the budget is of kept tokens (default 0)")
+    ap.add_argument("--load", type=int, default=0,
+                    help="busy-loop processes kept running through every run: a loaded machine, where the client "
+                         "handles finished responses in bursts (default 0)")
     args = ap.parse_args(argv)
     common.exit_on_sigterm()
     scale = args.scale or (1.0 if args.full else 100.0)
@@ -232,7 +236,8 @@ def main(argv=None):
         args.chunk_interval_s = 0.2 if scale >= 16 else 0.5
 
     per = {run: [] for run in runs}
-    with tempfile.TemporaryDirectory(prefix="bench_budget.") as tmp:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    with tempfile.TemporaryDirectory(prefix="bench_budget.") as tmp, common.stopping(hogs):
         work = Path(tmp)
         prompts = work / "prompts.jsonl"
         n_prompts = 3 * round(max(s["budget_means"] for s in shapes.values()))
@@ -329,7 +334,11 @@ def main(argv=None):
                      "into max_tokens; budgetgen's quality gate drops them (quality.truncated: drop), the baselines "
                      "and the oracle count none of them: kept = completion tokens of the responses not cut. "
                      "`not kept` then includes the dropped responses' tokens (generated, journaled, not rows).")
-    name = ("budget-means" if args.budget_means else "budget") + ("-drops" if args.drop_share else "")
+    if args.load:
+        notes.append(f"Load: {args.load} busy-loop processes ran beside every run on this "
+                     f"{os.cpu_count()}-core machine.")
+    name = (("budget-means" if args.budget_means else "budget") + ("-drops" if args.drop_share else "")
+            + (f"-load{args.load}" if args.load else ""))
     common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, "
                         "finish in flight, oracle",
                   headers, rows, notes)

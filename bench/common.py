@@ -4,6 +4,7 @@ Each benchmark compares budgetgen against a baseline in the same run and reports
 machine is noisy); each prints one Markdown table and writes it to bench/results/<name>.md.
 """
 
+import contextlib
 import statistics
 import sys
 import time
@@ -35,6 +36,17 @@ def start_server(args, workdir):
 
 def stop_server(proc):
     mock_server.stop(proc)
+
+
+@contextlib.contextmanager
+def stopping(procs):
+    """Kill and reap `procs` (subprocesses started for the run) however the block ends."""
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def markdown_table(headers, rows):
