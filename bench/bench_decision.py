@@ -8,7 +8,7 @@ production shape, mean 3500, sigma 0.8, max_tokens 32768, so up to ~17,000 disti
 rule, a stretch of a run is replayed: each step one request in flight finishes (its length observed,
 as the job does), a new one starts at 0, every other request streams on, then one decision.
 
-  rebuilt      the rule before issue 22: the Kaplan-Meier view (budget.CensoredLengths) of the finished
+  rebuilt      the rule before issue 22: the Kaplan-Meier view (lengths.CensoredLengths) of the finished
                lengths and the requests in flight built anew at every decision (O(distinct lengths)),
                then each request's moments one by one
   incremental  LengthModel.inflight_moments: the view rebuilt only when the finished lengths grew by
@@ -28,7 +28,8 @@ import time
 
 import common  # noqa: F401 (puts scripts/ on sys.path)
 
-from budgetgen.budget import CensoredLengths, DispatchPolicy, LengthModel
+from budgetgen.budget import DispatchPolicy
+from budgetgen.lengths import CensoredLengths, LengthModel
 
 MEAN, SIGMA, MAX_TOKENS, INFLIGHT = 3500, 0.8, 32768, 150
 GOAL_US = 50

@@ -19,7 +19,8 @@ One module per concern:
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
   journal      the append-only response journal and errors.jsonl: the format, every reader, JournalFollower
   journal_write  writing them: record, line, lock, writer, torn-tail repair (journal re-exports them)
-  budget       completed-length model and the dispatch rule that stops at the token budget
+  budget       the dispatch rule that stops at the token budget
+  lengths      the completion-length model the rule reads (what a request in flight will count)
   engines      engines as dialects: each released server's chat-stream fields, the only module naming them
   client       async httpx OpenAI chat client: streaming, retry classes, health check
   launch       a server started by the inference job itself (server.launch): start, wait, stop

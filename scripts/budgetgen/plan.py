@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import conversations, journal, mixture
-from .budget import DispatchPolicy, LengthModel
+from .budget import DispatchPolicy
 from .errors import UserError
 from .forecast import human_bytes
 from .fsutil import remove_outputs
+from .lengths import LengthModel
 from .progress import Rates
 from .quality import KEPT, Fate
 from .status import scan_lanes

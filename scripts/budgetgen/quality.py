@@ -18,7 +18,7 @@ Two steps, kept apart so the journal stays a record of what happened and never o
 A dropped response stays in the journal and in the counts of what was generated (`generated_tokens`);
 the budget counts the *kept* tokens (the completion tokens of the responses that become rows), so a
 dataset whose gate drops a third of its responses still lands at its budget of kept tokens: the
-budget rule learns the keep rate from the journal (budget.LengthModel observes each length with its
+budget rule learns the keep rate from the journal (lengths.LengthModel observes each length with its
 fate). The gate is not part of the generation identity (it changes no request); changing it changes
 what counts, and the status, the done marker and the rows follow it (identity.Policy.key() carries
 its fingerprint).

@@ -4,7 +4,8 @@ import statistics
 
 import pytest
 
-from budgetgen.budget import DispatchPolicy, LengthModel
+from budgetgen.budget import DispatchPolicy
+from budgetgen.lengths import LengthModel
 from budgetgen.progress import StreamProgress
 
 

@@ -5,7 +5,8 @@ and the budget rule's length model learning the keep rate by length."""
 import json
 
 from budgetgen import journal
-from budgetgen.budget import DispatchPolicy, LengthModel
+from budgetgen.budget import DispatchPolicy
+from budgetgen.lengths import LengthModel
 from budgetgen.quality import Gate, dropped_text, observe
 from budgetgen_testkit.records import stamped
 

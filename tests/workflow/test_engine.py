@@ -8,30 +8,22 @@ OpenAI layer (no [DONE] sentinel, usage on the finish chunk, strict 422 on unkno
 """
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
 from support import REPO
+from support.engine_server import free_port, serving
 from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
 
 REASONING, CONTENT = "The answer is 42.", "Hello world!"
 THINKING_TOKENS, PLAIN_TOKENS = 14, 4  # the scripted chains, EOS included (engine's usage count)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +35,10 @@ def engine(tmp_path_factory):
     subprocess.run([sys.executable, str(REPO / "tests" / "engine" / "make_tiny_model.py"), str(model_dir)],
                    check=True, env=env, capture_output=True)
     port = free_port()
-    log_path = root / "serve.log"
     cli = Path(sys.executable).parent / "transformers"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(cli), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                                 "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited {proc.returncode}: {log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"transformers serve not healthy in 180 s: {log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+    with serving([cli, "serve", model_dir, "--host", "127.0.0.1", "--port", port, "--device", "cpu"], port,
+                 root / "serve.log", env, "transformers serve"):
         yield f"http://127.0.0.1:{port}/v1", model_dir
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_workflow_against_transformers_serve(tmp_path, engine):

@@ -22,7 +22,7 @@ from datasets import Dataset
 from support import REPO
 from support.workflow import Workflow, base_config, planned_inference, wait_for, write_prompts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one node: its jobs one test at a time
 
 SLURM_PROFILE = REPO / "profiles" / "slurm"
 TEST_PROFILE = REPO / "tests" / "slurm" / "profile"
