@@ -37,8 +37,9 @@ GOAL_RATIO = 1.5
 
 
 def cpu_self():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    """CPU seconds of this process and of the children it has reaped (the job's stream workers)."""
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 
 
 def proc_cpu(pid):
@@ -66,7 +67,8 @@ def child_budgetgen(args):
     from budgetgen.settings import InferenceSettings
 
     work = Path(args.work)
-    config = {"server": {"base_url": args.url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 60},
+    config = {"server": {"base_url": args.url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 60,
+                         "client_processes": getattr(args, "client_processes", 0)},
               "generation": {"token_budget": 10 ** 12, "max_tokens": args.max_tokens, "concurrency": args.concurrency},
               "tokenizer": {"path": "unused"}, "datasets": {"bench": {"prompts": str(Path(args.prompts).resolve())}}}
     (work / "config.yaml").write_text(yaml.safe_dump(config))

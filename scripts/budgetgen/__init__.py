@@ -22,7 +22,9 @@ One module per concern:
   budget       the dispatch rule that stops at the token budget
   lengths      the completion-length model the rule reads (what a request in flight will count)
   engines      engines as dialects: each released server's chat-stream fields, the only module naming them
-  client       async httpx OpenAI chat client: streaming, retry classes, health check
+  client       async httpx OpenAI chat client: endpoints, the watchdog, the server check
+  streams      one chat stream over HTTP: its chunks, tokens in flight, the result or error class
+  stream_workers  the streams read in worker processes (server.client_processes); the job journals
   launch       a server started by the inference job itself (server.launch): start, wait, stop
   cluster      what an inference job asks a cluster for, by server mode; the profile's checks
   endpoints    the servers behind one client: pool, failover, the watchdog, the model check

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from . import conversations, journal, quality
 from .budget import overshoot_pct
-from .client import ChatClient, PermanentError, TransientError
+from .client import ChatClient
 from .errors import UserError
 from .failures import note_cause
 from .fsutil import write_json_atomic
@@ -46,12 +46,14 @@ from .retries import PermanentErrors, RequestRetries, ServerDown, prove_server
 from .settings import InferenceSettings
 from .state import lanes_state
 from .status import compute_status
+from .stream_workers import StreamWorkers
+from .streams import PermanentError, TransientError
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from .client import ChatResult
     from .plan import LaneRun
+    from .streams import ChatResult
 
 log = logging.getLogger(__name__)
 
@@ -277,10 +279,14 @@ def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
                                      model_path=s.model_path, dataset=s.dataset, port=s.launch_port,
                                      ready_timeout_s=s.launch_ready_timeout_s)
         urls = [server.base_url]
+    workers = None
+    if s.client_processes:
+        workers = StreamWorkers(s.client_processes, api_key_env=s.api_key_env, concurrency=s.concurrency,
+                                connect_timeout_s=10.0, engine=s.engine)
     client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
                              concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
                              recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats,
-                             engine=s.engine, thinking_processor=s.thinking_processor)
+                             engine=s.engine, thinking_processor=s.thinking_processor, workers=workers)
     return client, server
 
 

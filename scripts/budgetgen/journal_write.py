@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from .client import ChatResult
     from .identity import Identity
+    from .streams import ChatResult
 
 
 def repair_tail(path: str | os.PathLike) -> int:
@@ -59,7 +59,7 @@ def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: Cha
                     params: dict[str, Any], created: float, attempts: int,
                     where: Mapping[str, Any] | None = None,
                     reasoning_tags: tuple[str, str] | None = None) -> dict[str, Any]:
-    """The journal record of one response (a client.ChatResult) to `messages`: the id and the identity
+    """The journal record of one response (a streams.ChatResult) to `messages`: the id and the identity
     it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
     conversation with the generated assistant turn appended, the request params, and its usage (last,
     see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?}); its `flags`:

@@ -11,8 +11,8 @@ import time
 from typing import TYPE_CHECKING
 
 from . import journal
-from .client import PermanentError, TransientError, backoff_delay
 from .errors import UserError
+from .streams import PermanentError, TransientError, backoff_delay
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

@@ -31,6 +31,7 @@ from .identity import (
 )
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
 from .quality import Gate
+from .stream_workers import stream_processes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -255,6 +256,7 @@ class InferenceSettings:
     engine: str  # the server's dialect (budgetgen.engines): openai, vllm, sglang, llamacpp
     want_ids: bool  # server.return_token_ids: ask for the prompt's and the generated token ids
     continuous_usage_stats: bool
+    client_processes: int  # stream worker processes (budgetgen.stream_workers); 0: streams read in the job
     endpoint_concurrency: int
     endpoint_recheck_s: float
     launch: str | None
@@ -294,6 +296,7 @@ class InferenceSettings:
             terminal_progress_interval_s=float(server["terminal_progress_interval_s"]),
             engine=engine, want_ids=want_ids,
             continuous_usage_stats=bool(server["continuous_usage_stats"]),
+            client_processes=stream_processes(server["client_processes"], concurrency, os.cpu_count() or 1),
             endpoint_concurrency=int(server["endpoint_concurrency"]),
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from budgetgen.client import backoff_delay, is_transient_status, parse_retry_after
+from budgetgen.streams import backoff_delay, is_transient_status, parse_retry_after
 
 
 @pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 502, 503, 504])

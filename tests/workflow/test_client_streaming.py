@@ -5,8 +5,9 @@ import asyncio
 
 import pytest
 
-from budgetgen.client import ChatClient, PermanentError, TransientError
+from budgetgen.client import ChatClient
 from budgetgen.errors import UserError
+from budgetgen.streams import PermanentError, TransientError
 
 
 def chat(base_url, messages, **params):

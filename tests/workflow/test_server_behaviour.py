@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from budgetgen.client import ChatClient, PermanentError, ServerRefused, TransientError
+from budgetgen.client import ChatClient
+from budgetgen.streams import PermanentError, ServerRefused, TransientError
 from support.jobs import JobFiles, job_cmd, write_job_config
 from support.scripted_server import ScriptedServer, answer_words, delta, finish, json_reply, sse, usage
 from support.workflow import write_prompts
