@@ -76,7 +76,7 @@ def run_budgetgen(work, prompts, url, sh, seed, per_event, continuous_usage=True
     d = work / f"budgetgen-{seed}-{per_event}-{sh['budget']}"
     d.mkdir()
     config = {"server": {"base_url": url, "model": MODEL, "progress_interval_s": 3600, "request_timeout_s": 120,
-                         "continuous_usage_stats": bool(continuous_usage)},
+                         "continuous_usage_stats": bool(continuous_usage), "client_processes": sh["processes"]},
               "generation": {"token_budget": sh["budget"], "max_tokens": sh["max_tokens"],
                              "concurrency": sh["concurrency"], "seed": seed,
                              "quality": {"truncated": "drop" if sh.get("drop") else "keep"}},
@@ -209,6 +209,9 @@ def main(argv=None):
     ap.add_argument("--drop-share", type=float, default=0.0,
                     help="share of responses the mock runs into max_tokens, which budgetgen's quality gate drops "
                          "(quality.truncated: drop) and no policy counts: the budget is of kept tokens (default 0)")
+    ap.add_argument("--client-processes", type=int, default=0,
+                    help="budgetgen's server.client_processes: its streams read in that many worker processes "
+                         "(default 0: in the job's process)")
     ap.add_argument("--load", type=int, default=0,
                     help="busy-loop processes kept running through every run: a loaded machine, where the client "
                          "handles finished responses in bursts (default 0)")
@@ -229,7 +232,7 @@ def main(argv=None):
     multiples = [float(x) for x in args.budget_means.split(",") if x.strip()] or [None]
     runs = [(p, n, m) for m in multiples for n in sizes for p in policies
             if p == "budgetgen" or args.baselines_every_size or n == sizes[0]]
-    shapes = {m: {**shape(scale, m), "drop": args.drop_share} for m in multiples}
+    shapes = {m: {**shape(scale, m), "drop": args.drop_share, "processes": args.client_processes} for m in multiples}
     sh = shapes[multiples[0]]
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
@@ -337,11 +340,15 @@ def main(argv=None):
                      "into max_tokens; budgetgen's quality gate drops them (quality.truncated: drop), the baselines "
                      "and the oracle count none of them: kept = completion tokens of the responses not cut. "
                      "`not kept` then includes the dropped responses' tokens (generated, journaled, not rows).")
+    if args.client_processes:
+        notes.append(f"budgetgen read its streams in {args.client_processes} worker processes "
+                     "(server.client_processes): the rule sees their tokens in flight every 20 ms.")
     if args.load:
         notes.append(f"Load: {args.load} busy-loop processes ran beside every run on this "
                      f"{os.cpu_count()}-core machine.")
     name = (("budget-means" if args.budget_means else "budget") + ("-drops" if args.drop_share else "")
-            + (f"-load{args.load}" if args.load else ""))
+            + (f"-load{args.load}" if args.load else "")
+            + (f"-w{args.client_processes}" if args.client_processes else ""))
     common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, "
                         "finish in flight, oracle",
                   headers, rows, notes)
