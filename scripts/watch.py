@@ -22,6 +22,7 @@ shared filesystem. A journal's torn tail, or a file replaced under it, is read a
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -68,6 +69,9 @@ def find_config(directory, config):
 
 def main(argv=None):
     a = parse_args(argv)
+    # Ctrl-C ends the view (exit 0), also when started with SIGINT ignored (a shell's background job, a test
+    # runner's worker process): an ignored SIGINT is inherited, and Python then installs no handler of its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not os.path.isdir(a.directory):
         raise UserError(f"--directory {a.directory}: no such folder")
     config = load_config(find_config(a.directory, a.config))
