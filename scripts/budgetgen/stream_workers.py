@@ -226,7 +226,8 @@ class _WorkerSide:
         batch = []
         for rid in self.live if rids is None else rids:
             pending, st = self.live[rid]
-            if pending[0] or st.last != self.sent.get(rid):
+            # a stream reports once its first line came (its time: the watchdog's first byte), then as it moves
+            if st.got_first and (pending[0] or st.last != self.sent.get(rid)):
                 batch.append((rid, pending[0], st.last))
                 pending[0] = 0
                 self.sent[rid] = st.last

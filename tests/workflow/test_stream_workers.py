@@ -48,15 +48,19 @@ def check_journal(files, budget=None, max_tokens=None):
 
 
 def test_two_stream_workers_journal_what_one_process_does(tmp_path, server):
-    srv = server("--length-dist", "fixed", "--mean-tokens", "40", "--tokens-per-s", "400")
+    # 8 slots for 32 in flight: requests wait in the server's queue for seconds before their first byte, past
+    # the watchdog's first tick (a stream reported as seen before its first line would be timed out there)
+    srv = server("--length-dist", "fixed", "--mean-tokens", "60", "--tokens-per-s", "60", "--slots", "8")
     results = {}
     for n in (0, 2):
         wd = tmp_path / f"p{n}"
         write_prompts(wd / "prompts.jsonl", 200)
-        p = subprocess.run(job_cmd(wd, srv.base_url, client_processes=n, concurrency=16, budget=3000, max_tokens=64),
+        p = subprocess.run(job_cmd(wd, srv.base_url, client_processes=n, concurrency=32, budget=3000, max_tokens=64),
                            capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-        assert ("worker processes" in p.stdout + p.stderr) == bool(n)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out[-3000:]
+        assert ("worker processes" in out) == bool(n)
+        assert "retries 0 " in out, out[-2000:]  # nothing timed out, nothing asked twice
         recs = check_journal(JobFiles(wd), budget=3000, max_tokens=64)
         results[n] = {r["id"]: (r["messages"], r["usage"]["completion_tokens"]) for r in recs}
     # the same prompts answered the same way (fixed lengths, deterministic text), the budget met alike
