@@ -59,15 +59,25 @@ from budgetgen_testkit import mock_server  # noqa: E402
 from support import CORPUS  # noqa: E402
 from support.workflow import Workflow, base_config, write_conversations, write_prompts  # noqa: E402
 
-DATASETS = {"A": 24, "B": 16, "C": 16, "M": 6}  # prompts per dataset
+DATASETS = {"A": 24, "B": 16, "C": 16, "M": 6, "X": 24}  # prompts per dataset (stage 2; stage 1: STAGE1_SHARE)
 MULTI_TURN = {"M": {"turns": "all", "samples_per_prompt": 2}}  # M: 3-turn conversations, every turn on-policy
-CHANGE = {"temperature": 0.5, "on_settings_change": "regenerate"}  # stage 2's settings change
+# X: a two-cell mixture with a validation split. Which cell claims a prompt depends on which lane is furthest
+# from its line when a prompt is needed (timing), so X is compared by invariants, not to the reference: each
+# prompt once, in a cell of X, in the split the content hash gives; a prompt in the reference's cell has the
+# reference's record; rows and exports are the raw records of their split.
+MIXTURE = {"X": {"mixture": {"short": {"share": 0.5, "max_tokens": 48}, "long": {"share": 0.5, "max_tokens": 96}},
+                 "validation": {"share": 0.25}}}
+CHANGES = {"regenerate": {"temperature": 0.5, "on_settings_change": "regenerate"},  # stage 2's settings change
+           "extend": {"temperature": 0.5, "on_settings_change": "extend"}}
+CHANGE = CHANGES["regenerate"]
+STAGE1_SHARE = 2 / 3  # stage 1 answers this share of each dataset's prompts; stage 2 adds the rest
+FAULTS = {"--fail-500": 0.05, "--drop": 0.05}  # retried server faults on every run: HTTP 500s, dropped streams
 FAIL_400 = 0.05  # share of prompts answered HTTP 400 (permanent errors); fault seed 7: 1, 2 and 1 of them
 FAULT_SEED = 7
 ERROR_BYTES = 65536  # the 400's error message
 TIMING_FIELDS = ("created", "latency_s", "attempts")
 PHASES = {"run_inference.py": "inference", "finalize.py": "finalize", "tokenize_responses.py": "tokenize",
-          "budget_status.py": "budget_status"}
+          "budget_status.py": "budget_status", "export_dataset.py": "export"}
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -136,7 +146,7 @@ def error_ids(wf, identities=None):
     for ds in DATASETS:
         p = wf.path("results", ds, "errors.jsonl")
         recs = load_jsonl(p) if p.exists() else []
-        out[ds] = sorted(r["id"] for r in recs if identities is None or r.get("identity") == identities[ds])
+        out[ds] = sorted(r["id"] for r in recs if identities is None or r.get("identity") in identities[ds])
     return out
 
 
@@ -171,14 +181,24 @@ def load_tokenized(path):
     return by_id, json.loads(meta.get(b"budgetgen", b"{}"))
 
 
+def exports(ds):
+    """The export files of a dataset (one per split) the soak builds and checks."""
+    return [f"results/{ds}/export/specforge.jsonl"] + (
+        [f"results/{ds}/export/validation/specforge.jsonl"] if ds in MIXTURE else [])
+
+
 def final_outputs(wf):
-    """Per dataset: {raw: {id: record without timing}, tokenized: {id: row}, meta: {...}}."""
+    """Per dataset: {raw: {id: record without timing}, tokenized: {id: row}, meta: {...}, validation (a
+    split's rows), exported: {file: ids}}."""
     out = {}
     for ds in DATASETS:
         raw = load_jsonl(wf.path("results", ds, "raw_responses.jsonl"))
         tok, meta = load_tokenized(wf.path("results", ds, "tokenized.arrow"))
         out[ds] = {"raw": {r["id"]: normal(r) for r in raw}, "raw_ids": [r["id"] for r in raw],
-                   "tokenized": tok, "meta": meta}
+                   "tokenized": tok, "meta": meta,
+                   "exported": {f: sorted(r["id"] for r in load_jsonl(wf.path(f))) for f in exports(ds)}}
+        if ds in MIXTURE:
+            out[ds]["validation"] = load_tokenized(wf.path("results", ds, "validation.arrow"))[0]
     return out
 
 
@@ -207,12 +227,19 @@ def check_after_kill(wf, before, now):
                     bad.append(f"{ds}: raw_responses.jsonl holds ids the journal lacks")
             except ValueError as exc:
                 bad.append(f"{ds}: raw_responses.jsonl not whole: {exc}")
-        tok = wf.path("results", ds, "tokenized.arrow")
-        if tok.exists():
-            try:
-                load_tokenized(tok)
-            except Exception as exc:  # any failure to open is the finding
-                bad.append(f"{ds}: tokenized.arrow does not open: {type(exc).__name__}: {exc}")
+        for name in ("tokenized.arrow", "validation.arrow"):
+            tok = wf.path("results", ds, name)
+            if tok.exists():
+                try:
+                    load_tokenized(tok)
+                except Exception as exc:  # any failure to open is the finding
+                    bad.append(f"{ds}: {name} does not open: {type(exc).__name__}: {exc}")
+        for f in exports(ds):
+            if wf.path(f).exists():
+                try:
+                    load_jsonl(wf.path(f))
+                except ValueError as exc:
+                    bad.append(f"{ds}: {f} not whole: {exc}")
     return bad
 
 
@@ -234,10 +261,36 @@ def check_errors(before, now, journaled):
     return bad
 
 
+def compare_mixture(ds, g, r):
+    """X's final outputs against the reference's by invariants (see MIXTURE)."""
+    bad, cells = [], set(MIXTURE[ds]["mixture"])
+    if set(g["raw"]) != set(r["raw"]):
+        return [f"{ds}: raw ids differ: {len(set(g['raw']) ^ set(r['raw']))} ids in one only"]
+    for i, rec in g["raw"].items():
+        want = r["raw"][i]
+        if rec["cell"] not in cells or rec["split"] != want["split"]:
+            bad.append(f"{ds}: {i} in cell {rec['cell']} split {rec['split']}, the reference's split {want['split']}")
+        elif rec["cell"] == want["cell"] and rec != want:
+            bad.append(f"{ds}: {i}: raw content differs from the reference's in the same cell")
+    for split, rows in (("train", g["tokenized"]), ("validation", g["validation"])):
+        ids = {i for i, rec in g["raw"].items() if rec["split"] == split}
+        if set(rows) != ids:
+            bad.append(f"{ds}: {split} rows are not the {split} records ({len(set(rows) ^ ids)} ids in one only)")
+        bad += [f"{ds}: row {i} of cell {row['cell']}, its record's {g['raw'][i]['cell']}"
+                for i, row in rows.items() if i in g["raw"] and row["cell"] != g["raw"][i]["cell"]]
+        f = exports(ds)[0 if split == "train" else 1]
+        if g["exported"][f] != sorted(ids):
+            bad.append(f"{ds}: {f} ids are not the {split} records'")
+    return bad
+
+
 def compare_final(got, ref):
     bad = []
     for ds in DATASETS:
         g, r = got[ds], ref[ds]
+        if ds in MIXTURE:
+            bad += compare_mixture(ds, g, r)
+            continue
         if duplicates(g["raw_ids"]):
             bad.append(f"{ds}: ids twice in raw_responses.jsonl: {duplicates(g['raw_ids'])[:5]}")
         if set(g["raw"]) != set(r["raw"]):
@@ -255,6 +308,8 @@ def compare_final(got, ref):
         if g["meta"] != r["meta"]:
             keys = sorted(k for k in set(g["meta"]) | set(r["meta"]) if g["meta"].get(k) != r["meta"].get(k))
             bad.append(f"{ds}: tokenized.arrow provenance differs in {keys}")
+        if g["exported"] != r["exported"]:
+            bad.append(f"{ds}: exported ids differ from the reference's")
     return bad
 
 
@@ -262,14 +317,17 @@ def compare_final(got, ref):
 class Soak:
     """A tokenizer, one deterministic mock server and the reference run; trials in subfolders of root."""
 
-    def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print, settings_change=True):
+    def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print, settings_change=True,
+                 change="regenerate"):
+        """change: generation.on_settings_change of stage 2 (CHANGES: regenerate or extend)."""
         self.root = Path(root)
         self.settings_change = settings_change
+        self.change = CHANGES[change]
         self.root.mkdir(parents=True, exist_ok=True)
         self.cores = cores
         self.concurrency = concurrency
         self.log = log
-        self.targets = [f"results/{ds}/tokenized.arrow" for ds in DATASETS]
+        self.targets = [t for ds in DATASETS for t in [f"results/{ds}/tokenized.arrow", *exports(ds)]]
         from budgetgen_testkit.tiny_tokenizer import build_tokenizer
 
         self.tokenizer = self.root / "tokenizer"
@@ -278,23 +336,35 @@ class Soak:
         self.server_args = ["--length-dist", "lognormal", "--mean-tokens", str(mean_tokens), "--sigma", "0.5",
                             "--tokens-per-s", str(tokens_per_s), "--reasoning-share", "0.2",
                             "--fail-400", str(FAIL_400), "--error-bytes", str(ERROR_BYTES),
-                            "--fault-seed", str(FAULT_SEED)]
+                            "--fault-seed", str(FAULT_SEED), *[str(x) for kv in FAULTS.items() for x in kv]]
         self.server, self.base_url = mock_server.spawn(self.server_args, self.root / "server")
         self.ref = None
         self.ref_s = None
         self.ref_errors = None  # {dataset: sorted ids in errors.jsonl} of the reference run (its identity)
-        self.identities = None  # {dataset: the identity sha of the reference run's records}
+        self.identities = None  # {dataset: the identity shas of the reference run's records (cells, extend)}
         self.stage1 = None  # stage 1's finished folder, copied by each trial (settings_change)
 
     def close(self):
         mock_server.stop(self.server)
 
     def config(self, stage):
-        datasets = {ds: {"prompts": f"prompts/{ds}.jsonl", **MULTI_TURN.get(ds, {})} for ds in DATASETS}
+        datasets = {ds: {"prompts": f"prompts/{ds}.jsonl", **MULTI_TURN.get(ds, {}), **MIXTURE.get(ds, {})}
+                    for ds in DATASETS}
         cfg = base_config(self.base_url, self.tokenizer, datasets, token_budget=10**6, concurrency=self.concurrency)
         if stage == 2:
-            cfg["generation"].update(CHANGE)
+            cfg["generation"].update(self.change)
         return cfg
+
+    def write_prompts(self, d, stage):
+        """The prompts of a stage: STAGE1_SHARE of each dataset's in stage 1, all of them (the same first
+        ones, then the rest) in stage 2; without a settings change, all of them."""
+        for ds, n in DATASETS.items():
+            if stage == 1 and self.settings_change:
+                n = round(n * STAGE1_SHARE)
+            if ds in MULTI_TURN:
+                write_conversations(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+            else:
+                write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
 
     def workflow(self, name, stage=None):
         """A working folder for one run of the trials' stage: a fresh one, or (settings change) a copy of
@@ -307,12 +377,7 @@ class Soak:
             shutil.copytree(self.stage1, d, symlinks=True)
             for f in d.glob("snakemake.*.out"):
                 f.unlink()
-        else:
-            for ds, n in DATASETS.items():
-                if ds in MULTI_TURN:
-                    write_conversations(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
-                else:
-                    write_prompts(d / "prompts" / f"{ds}.jsonl", n, prefix=ds)
+        self.write_prompts(d, stage)
         return Workflow(d, self.config(stage))
 
     def start(self, wf, n):
@@ -341,18 +406,20 @@ class Soak:
             raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
         self.ref = final_outputs(wf)
         self.identities = {}
+        extend = self.settings_change and self.change["on_settings_change"] == "extend"
         for ds in DATASETS:
             found = {r.get("identity") for r in self.ref[ds]["raw"].values()}
-            if len(found) != 1:
-                raise RuntimeError(f"reference run: {ds} rows of {len(found)} identities, not one")
-            self.identities[ds] = found.pop()
+            most = len(MIXTURE[ds]["mixture"]) if ds in MIXTURE else 1
+            if not 1 <= len(found) <= most * (2 if extend else 1):
+                raise RuntimeError(f"reference run: {ds} rows of {len(found)} identities")
+            self.identities[ds] = found
         self.ref_errors = error_ids(wf, self.identities)
         for ds, n in DATASETS.items():
             errs, raw = self.ref_errors[ds], self.ref[ds]["raw"]
             if ds in MULTI_TURN:  # turns and samples: at least one response per conversation's first turn
                 if not raw or set(errs) & set(raw):
                     raise RuntimeError(f"reference run: {ds} has {len(raw)} responses and {len(errs)} errors")
-            elif not errs or len(raw) + len(errs) != n or set(errs) & set(raw):
+            elif (not errs and ds not in MIXTURE) or len(raw) + len(errs) != n or set(errs) & set(raw):
                 raise RuntimeError(f"reference run: {ds} has {len(raw)} responses and "
                                    f"{len(errs)} errors, not {n} prompts with at least one error")
         n_err = sum(map(len, self.ref_errors.values()))
@@ -428,7 +495,7 @@ class Soak:
             failures += [f"final: {f}" for f in compare_final(got, self.ref)]
             errors = error_ids(wf, self.identities)
             for ds in DATASETS:
-                ids = [i for sha, i in keyed(now[ds]["lines"]) if sha == self.identities[ds]]
+                ids = [i for sha, i in keyed(now[ds]["lines"]) if sha in self.identities[ds]]
                 if set(ids) != set(self.ref[ds]["raw"]):
                     failures.append(f"final: {ds}: journal ids differ from the reference")
                 if errors[ds] != self.ref_errors[ds] or now[ds]["error_torn"]:
@@ -455,9 +522,11 @@ def main(argv=None):
     ap.add_argument("--results", default=str(HERE / "results.jsonl"), help="append the result line here")
     ap.add_argument("--no-settings-change", dest="settings_change", action="store_false",
                     help="one stage in a fresh folder, no settings change between runs")
+    ap.add_argument("--change", choices=sorted(CHANGES), default="regenerate",
+                    help="generation.on_settings_change of stage 2 (default %(default)s)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s, settings_change=a.settings_change)
+    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s, settings_change=a.settings_change, change=a.change)
     results = []
     try:
         soak.reference()
@@ -485,8 +554,9 @@ def main(argv=None):
             "error_records": sum(r["error_records"] for r in results),
             "error_records_at_kills": sum(x["error_lines"] for r in results for x in r["kills"]),
             "torn_error_tails_seen": sum(x["error_torn_bytes"] > 0 for r in results for x in r["kills"]),
-            "fail_400": FAIL_400, "datasets": DATASETS, "multi_turn": MULTI_TURN,
-            "settings_change": CHANGE if a.settings_change else None,
+            "fail_400": FAIL_400, "faults": FAULTS, "datasets": DATASETS, "multi_turn": MULTI_TURN,
+            "mixture": MIXTURE, "settings_change": CHANGES[a.change] if a.settings_change else None,
+            "stage1_share": round(STAGE1_SHARE, 3) if a.settings_change else None,
             "temp_files_left": sum(len(r["temp_files_left"]) for r in results),
             "reference_run_s": round(soak.ref_s or 0, 1), "tokens_per_s": a.tokens_per_s, "seed": a.seed,
             "max_kills": a.max_kills, "failed_seeds": [r["seed"] for r in results if not r["passed"]],

@@ -1,13 +1,18 @@
-from budgetgen.stream_workers import AUTO_STREAMS, stream_processes
+from budgetgen.stream_workers import AUTO_CORES, AUTO_STREAMS, stream_processes
 
 
-def test_auto_streams_in_the_job_below_the_threshold_and_one_worker_per_threshold_above():
+def test_auto_streams_in_the_job_below_two_workers_worth_and_one_worker_per_threshold_above():
     assert stream_processes("auto", 150, 64) == 0  # the job's own process keeps up
-    assert stream_processes("auto", AUTO_STREAMS - 1, 64) == 0
-    assert stream_processes("auto", AUTO_STREAMS, 64) == 1
+    assert stream_processes("auto", 2 * AUTO_STREAMS - 1, 64) == 0  # one worker would only move the work
+    assert stream_processes("auto", 2 * AUTO_STREAMS, 64) == 2
     assert stream_processes("auto", 4 * AUTO_STREAMS + 1, 64) == 5
-    assert stream_processes("auto", 100 * AUTO_STREAMS, 8) == 7  # at most the cores less the job's own
-    assert stream_processes("auto", 4 * AUTO_STREAMS, 1) == 0  # one core: nothing to spread over
+    assert stream_processes("auto", 100 * AUTO_STREAMS, 8) == 4  # at most half the cores
+
+
+def test_auto_starts_no_worker_on_a_small_machine():
+    assert stream_processes("auto", 4 * AUTO_STREAMS, 2) == 0
+    assert stream_processes("auto", 4 * AUTO_STREAMS, AUTO_CORES - 1) == 0
+    assert stream_processes("auto", 4 * AUTO_STREAMS, AUTO_CORES) == 2
 
 
 def test_a_number_is_taken_as_given():
