@@ -6,15 +6,19 @@
 One deterministic mock server (responses seeded by the messages) serves every run; it answers a
 share of the requests (--fail-400, 5 %, chosen by a hash of the messages and the fault seed, so the
 same requests on every run) with HTTP 400 and a 64 KB error message, so every run also appends
-permanent errors to results/D/errors.jsonl. Four datasets: three of single prompts and M, multi-turn
-conversations generated on-policy (`turns: all`, 2 samples per prompt; a 400 on a later turn ends its
-conversation). Each is *exhausted* (the budget is larger than all its generations, so the set of ids
-generated does not depend on timing).
+permanent errors to results/D/errors.jsonl, and 5 % HTTP 500s and 5 % dropped streams (FAULTS,
+retried). Five datasets: three of single prompts; M, multi-turn conversations generated on-policy
+(`turns: all`, 2 samples per prompt; a 400 on a later turn ends its conversation); X, a two-cell
+mixture with a validation split (MIXTURE: checked by invariants, its cells depend on timing). Each is
+*exhausted* (the budget is larger than all its generations, so the set of ids generated does not
+depend on timing). The targets are every dataset's tokenized.arrow and its exports.
 
 A settings change between runs (--settings-change, the default): stage 1 runs the workflow to the end
-under the first settings; stage 2 changes a setting of the generation identity (temperature 0.5) with
-`on_settings_change: regenerate`, so every generation is made again under the new identity beside the
-old records in the same journal. The uninterrupted reference run of stage 2 (on a copy of stage 1's
+under the first settings on two thirds of each dataset's prompts (STAGE1_SHARE); stage 2 has all of
+them and changes a setting of the generation identity (temperature 0.5) with `on_settings_change:
+regenerate` (every generation made again under the new identity beside the old records in the same
+journal) or `extend` (--change extend: the old records stay in the outputs, the new prompts are made
+under the new identity). The uninterrupted reference run of stage 2 (on a copy of stage 1's
 finished folder) gives the final outputs and the span of one run. Each trial then starts stage 2 on a
 fresh copy of stage 1's folder (with --no-settings-change: the single stage in a fresh folder),
 kills the process group (snakemake and every job it runs) after a delay drawn uniformly from that
