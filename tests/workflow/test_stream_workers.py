@@ -67,13 +67,18 @@ def test_two_stream_workers_journal_what_one_process_does(tmp_path, server):
     assert results[2] == {i: results[2][i] for i in results[0]} and set(results[2]) == set(results[0])
 
 
-def test_a_worker_killed_mid_stream_is_replaced_and_its_streams_retried(tmp_path, server):
-    # 100 tokens at 50/s: each stream lasts 2 s, so streams are always in flight in both workers
+def two_worker_job(tmp_path, server, prompts, **popen):
+    """(server, files, cmd, job): a job with 2 stream workers and 8 streams of 2 s each (100 tokens at 50/s,
+    so streams are always in flight in both workers) over `prompts` prompts, started."""
     srv = server("--length-dist", "fixed", "--mean-tokens", "100", "--tokens-per-s", "50")
-    write_prompts(tmp_path / "prompts.jsonl", 60)
-    files = JobFiles(tmp_path)
+    write_prompts(tmp_path / "prompts.jsonl", prompts)
     cmd = job_cmd(tmp_path, srv.base_url, client_processes=2, concurrency=8, budget=10**6, max_tokens=128)
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return srv, JobFiles(tmp_path), cmd, subprocess.Popen(cmd, **popen)
+
+
+def test_a_worker_killed_mid_stream_is_replaced_and_its_streams_retried(tmp_path, server):
+    srv, files, _, job = two_worker_job(tmp_path, server, 60, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
     try:
         wait_for(lambda: len(workers_of(job.pid)) == 2 and server_stats(srv)["active"] >= 4, timeout=60,
                  what="two workers with streams in flight")
@@ -92,11 +97,7 @@ def test_a_worker_killed_mid_stream_is_replaced_and_its_streams_retried(tmp_path
 
 
 def test_the_job_killed_mid_stream_takes_its_workers_and_the_rerun_resumes_exact(tmp_path, server):
-    srv = server("--length-dist", "fixed", "--mean-tokens", "100", "--tokens-per-s", "50")
-    write_prompts(tmp_path / "prompts.jsonl", 40)
-    files = JobFiles(tmp_path)
-    cmd = job_cmd(tmp_path, srv.base_url, client_processes=2, concurrency=8, budget=10**6, max_tokens=128)
-    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv, files, cmd, job = two_worker_job(tmp_path, server, 40, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: files.journal.exists() and len(files.records()) >= 4 and server_stats(srv)["active"] >= 4,
                  timeout=60, what="records journaled and streams in flight")
@@ -117,11 +118,8 @@ def test_the_job_killed_mid_stream_takes_its_workers_and_the_rerun_resumes_exact
 
 
 def test_sigterm_closes_the_workers_and_flushes_the_journal(tmp_path, server):
-    srv = server("--length-dist", "fixed", "--mean-tokens", "100", "--tokens-per-s", "50")
-    write_prompts(tmp_path / "prompts.jsonl", 40)
-    files = JobFiles(tmp_path)
-    cmd = job_cmd(tmp_path, srv.base_url, client_processes=2, concurrency=8, budget=10**6, max_tokens=128)
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _, files, _, job = two_worker_job(tmp_path, server, 40, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
     try:
         wait_for(lambda: len(workers_of(job.pid)) == 2 and files.journal.exists() and len(files.records()) >= 2,
                  timeout=60, what="records journaled")
