@@ -25,6 +25,7 @@ One module per concern:
   client       async httpx OpenAI chat client: endpoints, the watchdog, the server check
   streams      one chat stream over HTTP: its chunks, tokens in flight, the result or error class
   stream_workers  the streams read in worker processes (server.client_processes); the job journals
+  processes    how many processes a job runs: its usable CPUs (affinity), its stream workers
   launch       a server started by the inference job itself (server.launch): start, wait, stop
   cluster      what an inference job asks a cluster for, by server mode; the profile's checks
   endpoints    the servers behind one client: pool, failover, the watchdog, the model check

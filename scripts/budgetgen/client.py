@@ -18,7 +18,7 @@ import httpx
 
 from .endpoints import EndpointPool, ServerCheck, StreamWatchdog
 from .engines import dialect
-from .streams import TokenRate, TransientError, chat_http, stream_chat
+from .streams import CONNECT_TIMEOUT_S, TokenRate, TransientError, chat_http, stream_chat
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 class ChatClient:
     """One httpx.AsyncClient per job over one or more endpoints; connection pool sized to the concurrency."""
 
-    def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64, connect_timeout_s=10.0,
-                 endpoint_concurrency=0, recheck_s=10.0, continuous_usage_stats=True, engine="openai",
-                 thinking_processor=None, workers=None):
+    def __init__(self, base_url, model, api_key=None, timeout_s=600.0, concurrency=64,
+                 connect_timeout_s=CONNECT_TIMEOUT_S, endpoint_concurrency=0, recheck_s=10.0,
+                 continuous_usage_stats=True, engine="openai", thinking_processor=None, workers=None):
         """workers: a budgetgen.stream_workers.StreamWorkers that streams the chats in its processes."""
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.pool = EndpointPool(urls, per_endpoint=endpoint_concurrency, recheck_s=recheck_s)

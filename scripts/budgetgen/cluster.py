@@ -1,11 +1,13 @@
 """What an inference job asks a cluster for, decided by the server mode; the profile checks.
 
 - inference_resources(config): the rule's own resources. An inference job that only talks to an
-  existing server (server.base_url) is an HTTP client: one CPU, server.client_mem_mb, no GPU, on
-  the profile's default (CPU) partition. One that launches its server (server.launch) asks for what
-  that server needs: GPUs = its tensor-parallel x pipeline-parallel x data-parallel size read from the
-  launch template (or server.launch_resources.gpus / .gres), server.launch_resources.cpus_per_task and
-  .mem_mb, on server.launch_resources.slurm_partition (else the profile's default partition).
+  existing server (server.base_url) is an HTTP client: one CPU (1 + N with server.client_processes N,
+  its stream workers'; auto asks one, so the job, which counts the CPUs it is allotted, reads its
+  streams itself), server.client_mem_mb, no GPU, on the profile's default (CPU) partition. One that
+  launches its server (server.launch) asks for what that server needs: GPUs = its tensor-parallel x
+  pipeline-parallel x data-parallel size read from the launch template (or server.launch_resources.gpus
+  / .gres), server.launch_resources.cpus_per_task and .mem_mb, on server.launch_resources.slurm_partition
+  (else the profile's default partition).
 - profile_problem(config, default_resources, set_resources): one line, before anything is submitted
   (and on `snakemake -n`), for a placeholder account (profiles/slurm ships `CHANGE_ME`), or a profile
   that asks GPUs for an inference job that launches no server (the profile's set-resources win over
@@ -61,7 +63,8 @@ def inference_resources(config: dict[str, Any]) -> dict[str, int | str]:
     """The inference rule's resources (besides server_slots), from the server mode."""
     server = config["server"]
     if not server.get("launch"):
-        return {"cpus_per_task": 1, "mem_mb": int(server["client_mem_mb"])}
+        workers = server["client_processes"]
+        return {"cpus_per_task": 1 + (0 if workers == "auto" else int(workers)), "mem_mb": int(server["client_mem_mb"])}
     own = server["launch_resources"]
     out = {"cpus_per_task": int(own["cpus_per_task"]), "mem_mb": int(own["mem_mb"]),
            "gres": own.get("gres") or f"gpu:{int(own.get('gpus') or launch_gpus(server['launch']))}"}

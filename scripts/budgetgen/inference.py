@@ -282,7 +282,7 @@ def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
     workers = None
     if s.client_processes:
         workers = StreamWorkers(s.client_processes, api_key_env=s.api_key_env, concurrency=s.concurrency,
-                                connect_timeout_s=10.0, engine=s.engine)
+                                engine=s.engine)
     client = ChatClient(urls, s.model, api_key=api_key, timeout_s=s.request_timeout_s,
                              concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
                              recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats,

@@ -34,6 +34,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from . import prompts
+from .processes import usable_cpus
 
 if TYPE_CHECKING:
     from typing import Any
@@ -150,7 +151,7 @@ def check_file(path: str | os.PathLike, on_bad_line: str = "error",
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if workers is None:
-                workers = 1 if size < _PARALLEL_BYTES else min(_MAX_WORKERS, len(os.sched_getaffinity(0)))
+                workers = 1 if size < _PARALLEL_BYTES else min(_MAX_WORKERS, usable_cpus())
             ranges = _ranges(f, size, 1 if on_bad_line == "skip" else max(1, workers))
     except OSError as exc:
         return None, f"cannot read prompts file ({exc.strerror or exc})"

@@ -30,8 +30,8 @@ from .identity import (
     settings_of,
 )
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
+from .processes import stream_processes, usable_cpus
 from .quality import Gate
-from .stream_workers import stream_processes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -296,7 +296,7 @@ class InferenceSettings:
             terminal_progress_interval_s=float(server["terminal_progress_interval_s"]),
             engine=engine, want_ids=want_ids,
             continuous_usage_stats=bool(server["continuous_usage_stats"]),
-            client_processes=stream_processes(server["client_processes"], concurrency, os.cpu_count() or 1),
+            client_processes=stream_processes(server["client_processes"], concurrency, usable_cpus()),
             endpoint_concurrency=int(server["endpoint_concurrency"]),
             endpoint_recheck_s=float(server["endpoint_recheck_s"]), launch=server.get("launch"),
             model_path=server.get("model_path"), launch_port=int(server["launch_port"]),

@@ -37,7 +37,16 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from .engines import dialect
-from .streams import ChatResult, PermanentError, ServerRefused, TokenRate, TransientError, chat_http, stream_chat
+from .streams import (
+    CONNECT_TIMEOUT_S,
+    ChatResult,
+    PermanentError,
+    ServerRefused,
+    TokenRate,
+    TransientError,
+    chat_http,
+    stream_chat,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,23 +56,6 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 0.02  # how often a worker sends its streams' progress
 _LEN = 4
-AUTO_STREAMS = 512  # server.client_processes auto: one worker per this many requests in flight ...
-AUTO_CORES = 4  # ... from 2 * AUTO_STREAMS on, on a machine of at least this many cores, at most half of them
-
-
-def stream_processes(setting: int | str, concurrency: int, cpus: int) -> int:
-    """The stream workers of a job (server.client_processes): the number given; auto: none below
-    2 * AUTO_STREAMS in flight or on a machine of fewer than AUTO_CORES cores, else one per AUTO_STREAMS
-    (so at least 2), at most half the cores. Measured on 2 cores with the mock server on them
-    (bench/results/ingest.md): one worker is slower than none (the parsing moves, it is not shared:
-    -7 % tokens/s at 512 streams, -11 % at 1,024); two beat none at 1,024 streams (+12 % tokens/s, at
-    20 % more CPU per token), so a small machine, where those cores are the server's or the other
-    datasets' jobs', keeps its streams in the job."""
-    if setting != "auto":
-        return int(setting)
-    if concurrency < 2 * AUTO_STREAMS or cpus < AUTO_CORES:
-        return 0
-    return min(-(-concurrency // AUTO_STREAMS), cpus // 2)
 
 
 def _frame(msg) -> bytes:
@@ -112,8 +104,8 @@ class _Worker:
 class StreamWorkers:
     """N worker processes streaming the job's chats (ChatClient(workers=...) calls chat())."""
 
-    def __init__(self, processes: int, *, api_key_env: str | None, concurrency: int, connect_timeout_s: float,
-                 engine: str):
+    def __init__(self, processes: int, *, api_key_env: str | None, concurrency: int, engine: str,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S):
         self.n = int(processes)
         self.init = {"api_key_env": api_key_env, "concurrency": concurrency, "connect_timeout_s": connect_timeout_s,
                      "engine": engine}

@@ -234,7 +234,10 @@ class TokenRate:
         return max(1, round(chars * self.tokens / max(1, self.chars)))
 
 
-def chat_http(api_key: str | None, concurrency: int, connect_timeout_s: float) -> httpx.AsyncClient:
+CONNECT_TIMEOUT_S = 10.0  # a chat request's TCP connect (the job's and its stream workers')
+
+
+def chat_http(api_key: str | None, concurrency: int, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> httpx.AsyncClient:
     """The HTTP client chat streams go through: a pool sized to the concurrency; no read timeout in httpx
     (the watchdog times out silence after the first byte, and waits for the first byte as long as the
     server is alive: see the module docstring)."""

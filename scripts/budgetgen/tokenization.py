@@ -23,6 +23,7 @@ from budgetgen.conversations import record_place, record_prompt_id
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_path
 from budgetgen.identity import record_settings
+from budgetgen.processes import usable_cpus
 from budgetgen.quality import KEPT, dropped_text, gate_for, record_flags
 from budgetgen.raw_records import line_batches, parse_record, record_cell, record_split, record_tokens
 from budgetgen.rows import SKIP_HINTS, RowEncoder
@@ -204,13 +205,6 @@ def _record_batch(rows, columns):
 _WORKER = None
 
 
-def _cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _worker_init(options, input_path, threads):
     global _WORKER
     # Each worker gets its share of the cores for the Rust tokenizer's own threads (set before its
@@ -323,7 +317,7 @@ def _encoded_batches(o, tokenizer, input_path):
     import multiprocessing
 
     pool = multiprocessing.get_context("spawn").Pool(
-        processes, initializer=_worker_init, initargs=(o, input_path, _cpu_count() // processes))
+        processes, initializer=_worker_init, initargs=(o, input_path, usable_cpus() // processes))
     try:
         yield pool.imap(_worker_encode, line_batches(input_path, batch_size))
     finally:

@@ -7,8 +7,8 @@ from snakemake.resources import Resource
 from budgetgen import cluster
 
 
-def config(launch=None, **launch_resources):
-    server = {"model": "m", "client_mem_mb": 4000,
+def config(launch=None, client_processes="auto", **launch_resources):
+    server = {"model": "m", "client_mem_mb": 4000, "client_processes": client_processes,
               "launch_resources": {"gpus": None, "gres": None, "cpus_per_task": 16, "mem_mb": 256000,
                                    "slurm_partition": None, **launch_resources}}
     if launch:
@@ -31,6 +31,12 @@ def test_launch_gpus_is_the_product_of_the_parallel_sizes(template, gpus):
 
 def test_an_http_client_asks_for_one_cpu_and_no_gpu():
     assert cluster.inference_resources(config()) == {"cpus_per_task": 1, "mem_mb": 4000}
+
+
+def test_an_http_client_with_stream_workers_asks_a_cpu_for_each():
+    assert cluster.inference_resources(config(client_processes=3)) == {"cpus_per_task": 4, "mem_mb": 4000}
+    # auto decides from the CPUs the job is allotted: on one, it reads its streams itself
+    assert cluster.inference_resources(config(client_processes=0))["cpus_per_task"] == 1
 
 
 def test_a_launched_server_asks_for_its_gpus_cpus_memory_and_partition():
