@@ -75,10 +75,11 @@ class ChatClient:
         return await self.checker.all(self.pool, wait_s)
 
     async def chat(self, messages: list[dict[str, Any]], params: Mapping[str, Any],
-                   on_token: Callable[[int], object] | None = None, want_ids: bool = False,
+                   on_token: Callable[..., object] | None = None, want_ids: bool = False,
                    affinity: str | None = None) -> ChatResult:
         """Stream one chat completion on the least-loaded endpoint (or the one of its `affinity` key:
-        EndpointPool.acquire); see _chat."""
+        EndpointPool.acquire); see _chat. on_token(n) gets the tokens of each chunk as it is read here;
+        from stream workers on_token(n, chunks, now): n tokens in that many chunks, the last read at `now`."""
         ep = await self.pool.acquire(affinity)
         st = self.watchdog.watch(ep)
         try:

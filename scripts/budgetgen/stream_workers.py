@@ -6,12 +6,16 @@ affinity, the watchdog, retries, and the journal (its one writer). A worker only
 request (its URL and the body the job built), POSTs it, parses every line and chunk (budgetgen.streams,
 the same code as in the job's process), and sends back, every FLUSH_S, the tokens each of its streams
 received since (and when its last line came: the watchdog's), then the result or the error class it
-ended in. So the budget rule sees the tokens in flight within FLUSH_S, and a record is still written
-whole by one process, or not at all.
+ended in. So the budget rule sees the tokens in flight within FLUSH_S, in the chunks they came in and
+at the times they came (budgetgen.progress.StreamProgress extrapolates a stream by its chunks: a
+flush's sum taken for one chunk made it guess up to a flush of tokens ahead, and under the quality
+gate's drops, where a stream further on is likelier dropped, dispatch too much), and a record is
+still written whole by one process, or not at all.
 
 Wire: frames of a 4-byte big-endian length and a pickle, over the worker's stdin (job -> worker:
 `("init", settings)`, `("chat", rid, url, body, want_ids)`, `("cancel", rid)`) and stdout (worker -> job:
-`("p", [(rid, tokens, last_line_time), ...])`, `("r", rid, result fields)`, `("e", rid, kind, fields)`).
+`("p", [(rid, tokens, chunks, last_token_time, last_line_time), ...])`, `("r", rid, result fields)`,
+`("e", rid, kind, fields)`).
 The API key never crosses the pipe: the worker reads the environment variable server.api_key_env names,
 as the job does. Times are time.monotonic(), one clock for every process on the machine.
 
@@ -163,7 +167,7 @@ class StreamWorkers:
                 w.dead = True
                 break
             if msg[0] == "p":
-                for rid, tokens, last in msg[1]:
+                for rid, tokens, chunks, token_time, last in msg[1]:
                     entry = w.streams.get(rid)
                     if entry is None:
                         continue
@@ -171,7 +175,7 @@ class StreamWorkers:
                     st.last = ep.last_byte = last
                     st.got_first = True
                     if tokens and on_token is not None:
-                        on_token(tokens)
+                        on_token(tokens, chunks, token_time)
             else:
                 entry = w.streams.pop(msg[1], None)
                 if entry is None or entry[0].done():
@@ -225,18 +229,20 @@ class _WorkerSide:
             pending, st = self.live[rid]
             # a stream reports once its first line came (its time: the watchdog's first byte), then as it moves
             if st.got_first and (pending[0] or st.last != self.sent.get(rid)):
-                batch.append((rid, pending[0], st.last))
-                pending[0] = 0
+                batch.append((rid, pending[0], pending[1], pending[2], st.last))
+                pending[0] = pending[1] = 0
                 self.sent[rid] = st.last
         if batch:
             self.writer.write(_frame(("p", batch)))
 
     async def run(self, rid: int, url: str, body: dict, want_ids: bool) -> None:
-        pending, st = [0], SimpleNamespace(last=0.0, got_first=False)
+        pending, st = [0, 0, 0.0], SimpleNamespace(last=0.0, got_first=False)  # tokens, chunks, last one's time
         self.live[rid] = (pending, st)
 
         def on_token(n):
             pending[0] += n
+            pending[1] += 1
+            pending[2] = time.monotonic()
 
         try:
             res = await stream_chat(self.http, self.engine, self.token_rate, url, body,

@@ -59,6 +59,7 @@ for _p in (str(TESTS), str(TESTS.parent / "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from budgetgen.conversations import record_place  # noqa: E402
 from budgetgen_testkit import mock_server  # noqa: E402
 from support import CORPUS  # noqa: E402
 from support.workflow import Workflow, base_config, write_conversations, write_prompts  # noqa: E402
@@ -322,9 +323,13 @@ class Soak:
     """A tokenizer, one deterministic mock server and the reference run; trials in subfolders of root."""
 
     def __init__(self, root, tokens_per_s=40, mean_tokens=30, concurrency=4, cores=2, log=print, settings_change=True,
-                 change="regenerate"):
-        """change: generation.on_settings_change of stage 2 (CHANGES: regenerate or extend)."""
+                 change="regenerate", inference_share=0.0):
+        """change: generation.on_settings_change of stage 2 (CHANGES: regenerate or extend). inference_share:
+        the share of kill delays drawn from the reference's inference span instead of its whole span."""
         self.root = Path(root)
+        self.inference_share = inference_share
+        self.inference_s = None  # the reference run's last inference job's end, from its start
+        self.conversation_turns = None  # {M's conversation id: its turns} of the reference run
         self.settings_change = settings_change
         self.change = CHANGES[change]
         self.root.mkdir(parents=True, exist_ok=True)
@@ -402,10 +407,13 @@ class Soak:
                 raise RuntimeError(f"stage 1 failed:\n{first.path('snakemake.1.out').read_text()[-4000:]}")
             self.stage1 = first.dir
         wf = self.workflow("reference")
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         proc = self.start(wf, 1)
         rc = proc.wait(timeout=600)
         self.ref_s = time.monotonic() - t0
+        # inference ends with its done marker (every dataset's inference job runs at once)
+        self.inference_s = min(self.ref_s, max(wf.path("results", ds, "inference.done").stat().st_mtime - wall0
+                                               for ds in DATASETS))
         if rc != 0:
             raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
         self.ref = final_outputs(wf)
@@ -418,6 +426,11 @@ class Soak:
                 raise RuntimeError(f"reference run: {ds} rows of {len(found)} identities")
             self.identities[ds] = found
         self.ref_errors = error_ids(wf, self.identities)
+        self.conversation_turns = {}
+        for ds in MULTI_TURN:
+            for rid, rec in self.ref[ds]["raw"].items():
+                conv, turn = record_place(rid, rec)
+                self.conversation_turns[conv] = max(turn, self.conversation_turns.get(conv, 0))
         for ds, n in DATASETS.items():
             # a prompt errored under stage 1's identity is asked again under extend's new one (and fails again)
             errs, raw = set(self.ref_errors[ds]), self.ref[ds]["raw"]
@@ -429,15 +442,33 @@ class Soak:
                                    f"{len(errs)} errors, not {n} prompts with at least one error")
         n_err = sum(map(len, self.ref_errors.values()))
         n_raw = sum(len(self.ref[ds]["raw"]) for ds in DATASETS)
-        self.log(f"reference run: {self.ref_s:.1f} s, {n_raw} responses and {n_err} errors (HTTP 400) in "
-                 f"{len(DATASETS)} datasets" + (" after a settings change (stage 2)" if self.settings_change else ""))
+        self.log(f"reference run: {self.ref_s:.1f} s (inference {self.inference_s:.1f} s), {n_raw} responses and "
+                 f"{n_err} errors (HTTP 400) in {len(DATASETS)} datasets"
+                 + (" after a settings change (stage 2)" if self.settings_change else ""))
         return self.ref
 
+    def kill_delay(self, rng):
+        """A kill's delay: from the reference's inference span with probability inference_share, else
+        from its whole span."""
+        hi = self.inference_s if self.inference_share and rng.random() < self.inference_share else self.ref_s
+        return rng.uniform(0.0, hi)
+
+    def mid_conversations(self, snap):
+        """Multi-turn conversations journaled in part (some of their turns, not all) under one identity."""
+        turns = {}
+        for ds in MULTI_TURN:
+            for line in snap[ds]["lines"]:
+                rec = json.loads(line)
+                conv, turn = record_place(rec["id"], rec)
+                turns.setdefault((rec.get("identity"), conv), set()).add(turn)
+        return sum(0 < len(got) < self.conversation_turns.get(conv, 0) for (_, conv), got in turns.items())
+
     def trial(self, seed, max_kills=3, again=0.5, stratum=None, run_timeout=600):
-        """One trial; returns a dict with passed, kills [{at_s, phase, torn_bytes}], runs, failures.
+        """One trial; returns a dict with passed, kills [{at_s, phase, torn_bytes, mid_conversations}], runs,
+        failures.
 
         stratum=(i, n) draws the first kill from the i-th of n equal slices of the reference span
-        (CI uses it to spread three trials over the run); otherwise from the whole span.
+        (CI uses it to spread three trials over the run); otherwise by kill_delay.
         """
         if self.ref is None:
             self.reference()
@@ -455,11 +486,10 @@ class Soak:
                     break
             runs += 1
             if not kills:
-                lo, hi = (0.0, self.ref_s) if stratum is None else (
+                kill_at = self.kill_delay(rng) if stratum is None else rng.uniform(
                     self.ref_s * stratum[0] / stratum[1], self.ref_s * (stratum[0] + 1) / stratum[1])
-                kill_at = rng.uniform(lo, hi)
             else:
-                again_draw, kill_at = rng.random(), rng.uniform(0.0, self.ref_s)
+                again_draw, kill_at = rng.random(), self.kill_delay(rng)
                 if len(kills) >= max_kills or again_draw >= again:
                     kill_at = None
             proc = self.start(wf, runs)
@@ -483,7 +513,8 @@ class Soak:
                               "torn_bytes": sum(s["torn"] for s in now.values()),
                               "journal_lines": sum(len(s["lines"]) for s in now.values()),
                               "error_torn_bytes": sum(s["error_torn"] for s in now.values()),
-                              "error_lines": sum(len(s["error_lines"]) for s in now.values())})
+                              "error_lines": sum(len(s["error_lines"]) for s in now.values()),
+                              "mid_conversations": self.mid_conversations(now)})
                 before = now
                 continue
             if proc.returncode != 0:
@@ -529,9 +560,13 @@ def main(argv=None):
                     help="one stage in a fresh folder, no settings change between runs")
     ap.add_argument("--change", choices=sorted(CHANGES), default="regenerate",
                     help="generation.on_settings_change of stage 2 (default %(default)s)")
+    ap.add_argument("--inference-share", type=float, default=0.0,
+                    help="share of kill delays drawn from the reference's inference span, not its whole span "
+                         "(more kills mid-stream and mid-conversation; default %(default)s)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s, settings_change=a.settings_change, change=a.change)
+    soak = Soak(a.workdir, tokens_per_s=a.tokens_per_s, settings_change=a.settings_change, change=a.change,
+                inference_share=a.inference_share)
     results = []
     try:
         soak.reference()
@@ -559,6 +594,8 @@ def main(argv=None):
             "error_records": sum(r["error_records"] for r in results),
             "error_records_at_kills": sum(x["error_lines"] for r in results for x in r["kills"]),
             "torn_error_tails_seen": sum(x["error_torn_bytes"] > 0 for r in results for x in r["kills"]),
+            "kills_mid_conversation": sum(x["mid_conversations"] > 0 for r in results for x in r["kills"]),
+            "inference_share": a.inference_share, "reference_inference_s": round(soak.inference_s or 0, 1),
             "fail_400": FAIL_400, "faults": FAULTS, "datasets": DATASETS, "multi_turn": MULTI_TURN,
             "mixture": MIXTURE, "settings_change": CHANGES[a.change] if a.settings_change else None,
             "stage1_share": round(STAGE1_SHARE, 3) if a.settings_change else None,

@@ -4,11 +4,16 @@ progress, a worker killed -9 mid-stream (its streams retried, a new worker start
 twice), the job killed -9 mid-stream (its workers exit; the rerun resumes exact), and SIGTERM (workers
 closed, the journal flushed)."""
 
+import asyncio
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+from budgetgen.client import ChatClient
+from budgetgen.progress import StreamProgress
+from budgetgen.stream_workers import StreamWorkers
 from support.jobs import JobFiles, job_cmd
 from support.workflow import server_stats, wait_for, write_prompts
 
@@ -65,6 +70,33 @@ def test_two_stream_workers_journal_what_one_process_does(tmp_path, server):
         results[n] = {r["id"]: (r["messages"], r["usage"]["completion_tokens"]) for r in recs}
     # the same prompts answered the same way (fixed lengths, deterministic text), the budget met alike
     assert results[2] == {i: results[2][i] for i in results[0]} and set(results[2]) == set(results[0])
+
+
+def test_the_rule_sees_a_workers_stream_in_the_chunks_it_came_in(server):
+    # 1 token per event, 10 events per network write: the budget rule's StreamProgress extrapolates a
+    # stream by its chunks, so a worker must report the server's chunks, not one per flush of its pipe
+    srv = server("--length-dist", "fixed", "--mean-tokens", "60", "--tokens-per-s", "100",
+                 "--chunk-interval-s", "0.1", "--tokens-per-event", "1")
+
+    async def one(workers):
+        client = ChatClient(srv.base_url, "mock-model", workers=workers)
+        progress = StreamProgress()
+
+        def on_token(n, events=1, now=None):  # as budgetgen.inference feeds it
+            progress.add(n, time.monotonic() if now is None else now, events)
+
+        try:
+            res = await client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 60}, on_token=on_token)
+        finally:
+            await client.aclose()
+        return res, progress
+
+    (own, in_job), (theirs, in_worker) = asyncio.run(one(None)), asyncio.run(
+        one(StreamWorkers(1, api_key_env=None, concurrency=4, engine="openai")))
+    assert own.content == theirs.content and own.usage["completion_tokens"] == 60
+    assert in_job.seen == in_worker.seen == 60
+    assert in_job.chunks == in_worker.chunks == 60  # one per SSE event, not one per 20 ms flush
+    assert in_worker.first_tokens == 1
 
 
 def two_worker_job(tmp_path, server, prompts, **popen):
