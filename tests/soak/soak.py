@@ -37,6 +37,10 @@ journals and errors.jsonl hold exactly the reference ids under the final identit
 raw_responses.jsonl and tokenized.arrow equal the reference (per id; timing fields created/latency_s/attempts ignored;
 the Arrow provenance metadata compared too).
 
+--inference-share S draws that share of the kill delays from the reference's inference span (its start
+to the last inference.done) instead of its whole span: more kills mid-stream and mid-conversation (a
+kill's mid_conversations: M's conversations journaled in part).
+
 Appends one JSON result line to --results (default tests/soak/results.jsonl). tests/workflow/test_soak.py
 runs three trials of this in CI.
 """
@@ -454,11 +458,14 @@ class Soak:
         return rng.uniform(0.0, hi)
 
     def mid_conversations(self, snap):
-        """Multi-turn conversations journaled in part (some of their turns, not all) under one identity."""
+        """Multi-turn conversations journaled in part (some of the reference's turns, not all) under an
+        identity of the reference's records (regenerate's earlier records aside)."""
         turns = {}
         for ds in MULTI_TURN:
             for line in snap[ds]["lines"]:
                 rec = json.loads(line)
+                if rec.get("identity") not in self.identities[ds]:
+                    continue
                 conv, turn = record_place(rec["id"], rec)
                 turns.setdefault((rec.get("identity"), conv), set()).add(turn)
         return sum(0 < len(got) < self.conversation_turns.get(conv, 0) for (_, conv), got in turns.items())
@@ -594,7 +601,8 @@ def main(argv=None):
             "error_records": sum(r["error_records"] for r in results),
             "error_records_at_kills": sum(x["error_lines"] for r in results for x in r["kills"]),
             "torn_error_tails_seen": sum(x["error_torn_bytes"] > 0 for r in results for x in r["kills"]),
-            "kills_mid_conversation": sum(x["mid_conversations"] > 0 for r in results for x in r["kills"]),
+            "kills_mid_conversation": sum(x["mid_conversations"] > 0 and "inference" in x["phase"]
+                                          for r in results for x in r["kills"]),
             "inference_share": a.inference_share, "reference_inference_s": round(soak.inference_s or 0, 1),
             "fail_400": FAIL_400, "faults": FAULTS, "datasets": DATASETS, "multi_turn": MULTI_TURN,
             "mixture": MIXTURE, "settings_change": CHANGES[a.change] if a.settings_change else None,
