@@ -220,8 +220,8 @@ async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[di
     while True:
         progress.reset()
 
-        def on_token(n, events=1, now=None, progress=progress):
-            progress.add(n, time.monotonic() if now is None else now, events)
+        def on_token(n, chunks=1, now=None, progress=progress):
+            progress.add(n, time.monotonic() if now is None else now, chunks)
 
         try:
             res = await job.client.chat(messages, lr.cell.params, on_token=on_token,

@@ -153,15 +153,15 @@ class StreamProgress:
         self.chunks = 0
         self.first_tokens = self.first_time = self.last_time = 0.0
 
-    def add(self, n: int, now: float, events: int = 1) -> None:
-        """n tokens in `events` chunks, the last arrived at `now` (a stream worker reports the chunks one
-        network read brought at once: the same chunks, so the same per-chunk lag, as read in the job)."""
+    def add(self, n: int, now: float, chunks: int = 1) -> None:
+        """n tokens in that many chunks, the last arrived at `now` (a stream worker reports the chunks of
+        a flush at once: the same chunks, so the same per-chunk lag, as read in the job)."""
         if n <= 0:
             return
         if not self.chunks:
-            self.first_tokens, self.first_time = n / events, now
+            self.first_tokens, self.first_time = n / chunks, now
         self.seen += n
-        self.chunks += events
+        self.chunks += chunks
         self.last_time = now
 
     def generated(self, now: float) -> float:

@@ -239,10 +239,10 @@ class _WorkerSide:
         pending, st = [0, 0, 0.0], SimpleNamespace(last=0.0, got_first=False)  # tokens, chunks, last one's time
         self.live[rid] = (pending, st)
 
-        def on_token(n):
+        def on_token(n):  # a chunk's tokens, fed as its line came (st.last: that line's arrival)
             pending[0] += n
             pending[1] += 1
-            pending[2] = time.monotonic()
+            pending[2] = st.last
 
         try:
             res = await stream_chat(self.http, self.engine, self.token_rate, url, body,

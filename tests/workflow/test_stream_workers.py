@@ -82,8 +82,8 @@ def test_the_rule_sees_a_workers_stream_in_the_chunks_it_came_in(server):
         client = ChatClient(srv.base_url, "mock-model", workers=workers)
         progress = StreamProgress()
 
-        def on_token(n, events=1, now=None):  # as budgetgen.inference feeds it
-            progress.add(n, time.monotonic() if now is None else now, events)
+        def on_token(n, chunks=1, now=None):  # as budgetgen.inference feeds it
+            progress.add(n, time.monotonic() if now is None else now, chunks)
 
         try:
             res = await client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 60}, on_token=on_token)
