@@ -112,8 +112,11 @@ def test_a_worker_killed_mid_stream_is_replaced_and_its_streams_retried(tmp_path
     srv, files, _, job = two_worker_job(tmp_path, server, 60, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
     try:
-        wait_for(lambda: len(workers_of(job.pid)) == 2 and server_stats(srv)["active"] >= 4, timeout=60,
-                 what="two workers with streams in flight")
+        # all 8 of the job's streams at the server: the parent gives each chat to the worker with the fewest,
+        # so both hold streams on the wire (4 in flight could all be the other worker's while the victim is
+        # still starting under load: then the kill cuts nothing)
+        wait_for(lambda: len(workers_of(job.pid)) == 2 and server_stats(srv)["active"] == 8, timeout=60,
+                 what="two workers with all 8 streams in flight")
         victim = workers_of(job.pid)[0]
         os.kill(victim, signal.SIGKILL)
         out, _ = job.communicate(timeout=120)
