@@ -35,7 +35,7 @@ def test_an_http_client_asks_for_one_cpu_and_no_gpu():
 
 def test_an_http_client_with_stream_workers_asks_a_cpu_for_each():
     assert cluster.inference_resources(config(client_processes=3)) == {"cpus_per_task": 4, "mem_mb": 4000}
-    # auto decides from the CPUs the job is allotted: on one, it reads its streams itself
+    # 0: the streams read in the job, its one CPU (auto, which counts the CPUs it is allotted, asks one too: above)
     assert cluster.inference_resources(config(client_processes=0))["cpus_per_task"] == 1
 
 
