@@ -125,7 +125,34 @@ def wait_group_gone(pgid, timeout=10.0):
     return group_members(pgid)
 
 
+def wait_for_progress(proc, wf, trigger, start_lines, timeout, poll_s=0.05):
+    """Wait until the run `proc` reaches a point of its own progress (trigger: ("records", k), k more whole
+    journal lines than start_lines; ("phase", p), a job of step p running in its process group) or ends.
+    True once the point is reached or the run ended (proc.poll() tells which), False after timeout s."""
+    kind, value = trigger
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if kind == "records" and journal_lines(wf.dir) - start_lines >= value:
+            return True
+        if kind == "phase" and value in phases_of(group_members(proc.pid)).split("+"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 # -- outputs ---------------------------------------------------------------------------------------
+def journal_lines(folder):
+    """Whole lines in every dataset's journal in a working folder (a torn tail not counted)."""
+    n = 0
+    for ds in DATASETS:
+        p = Path(folder, "results", ds, "journal.jsonl")
+        if p.exists():
+            n += p.read_bytes().count(b"\n")
+    return n
+
+
 def journal_snapshot(wf):
     """Per dataset: the whole journal lines, and the bytes of a torn tail (a line cut by the kill);
     the same for errors.jsonl (error_lines, error_torn)."""
@@ -353,6 +380,7 @@ class Soak:
         self.server, self.base_url = mock_server.spawn(self.server_args, self.root / "server")
         self.ref = None
         self.ref_s = None
+        self.ref_new_lines = None  # whole journal lines the reference run added (stage 2)
         self.ref_errors = None  # {dataset: sorted ids in errors.jsonl} of the reference run (its identity)
         self.identities = None  # {dataset: the identity shas of the reference run's records (cells, extend)}
         self.stage1 = None  # stage 1's finished folder, copied by each trial (settings_change)
@@ -421,6 +449,7 @@ class Soak:
         if rc != 0:
             raise RuntimeError(f"reference run failed ({rc}):\n{wf.path('snakemake.1.out').read_text()[-4000:]}")
         self.ref = final_outputs(wf)
+        self.ref_new_lines = journal_lines(wf.dir) - (journal_lines(self.stage1) if self.stage1 else 0)
         self.identities = {}
         extend = self.settings_change and self.change["on_settings_change"] == "extend"
         for ds in DATASETS:
@@ -457,6 +486,14 @@ class Soak:
         hi = self.inference_s if self.inference_share and rng.random() < self.inference_share else self.ref_s
         return rng.uniform(0.0, hi)
 
+    def progress_point(self, third, rng):
+        """A first kill for the third-th of three trials, at a point of the trial's own progress: mid-
+        inference (after 1 .. half of the reference's new journal lines), while a tokenize job runs
+        (finalize is done for that dataset, others may still generate), while an export job runs (the tail)."""
+        if third == 0:
+            return ("records", rng.randint(1, max(1, self.ref_new_lines // 2)))
+        return ("phase", "tokenize" if third == 1 else "export")
+
     def mid_conversations(self, snap):
         """Multi-turn conversations journaled in part (some of the reference's turns, not all) under an
         identity of the reference's records (regenerate's earlier records aside)."""
@@ -470,12 +507,15 @@ class Soak:
                 turns.setdefault((rec.get("identity"), conv), set()).add(turn)
         return sum(0 < len(got) < self.conversation_turns.get(conv, 0) for (_, conv), got in turns.items())
 
-    def trial(self, seed, max_kills=3, again=0.5, stratum=None, run_timeout=600):
+    def trial(self, seed, max_kills=3, again=0.5, first=None, run_timeout=600):
         """One trial; returns a dict with passed, kills [{at_s, phase, torn_bytes, mid_conversations}], runs,
         failures.
 
-        stratum=(i, n) draws the first kill from the i-th of n equal slices of the reference span
-        (CI uses it to spread three trials over the run); otherwise by kill_delay.
+        first=(kind, value) puts the first kill at a point of this trial's own progress, never at a time
+        taken from another run's clock (CI: on a loaded machine a run can take twice the reference's span
+        or half of it): ("records", k) once the journals hold k more whole lines than at the run's start
+        (mid-inference), ("phase", p) once a job of step p (PHASES: tokenize, export...) is seen running;
+        progress_point draws one. Otherwise the first kill comes after kill_delay, as every later one.
         """
         if self.ref is None:
             self.reference()
@@ -492,22 +532,33 @@ class Soak:
                     failures.append(f"--unlock failed ({unlock.returncode}): {unlock.output[-2000:]}")
                     break
             runs += 1
+            trigger = None
             if not kills:
-                kill_at = self.kill_delay(rng) if stratum is None else rng.uniform(
-                    self.ref_s * stratum[0] / stratum[1], self.ref_s * (stratum[0] + 1) / stratum[1])
+                kill_at = self.kill_delay(rng) if first is None else None
+                trigger = first
             else:
                 again_draw, kill_at = rng.random(), self.kill_delay(rng)
                 if len(kills) >= max_kills or again_draw >= again:
                     kill_at = None
+            start_lines = journal_lines(wf.dir)
+            t_run = time.monotonic()
             proc = self.start(wf, runs)
-            try:
-                proc.wait(timeout=run_timeout if kill_at is None else kill_at)
-            except subprocess.TimeoutExpired:
-                if kill_at is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    failures.append(f"run {runs} did not finish within {run_timeout} s")
-                    break
+            if trigger is not None:  # the run's own progress: alive at the point, or ended before it
+                reached = wait_for_progress(proc, wf, trigger, start_lines, run_timeout)
+                kill, timed_out = reached and proc.poll() is None, not reached
+            else:
+                try:
+                    proc.wait(timeout=run_timeout if kill_at is None else kill_at)
+                    kill = timed_out = False
+                except subprocess.TimeoutExpired:
+                    kill, timed_out = kill_at is not None, kill_at is None
+            if timed_out:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                failures.append(f"run {runs} did not finish within {run_timeout} s")
+                break
+            if kill:
+                kill_at = time.monotonic() - t_run
                 phase = phases_of(group_members(proc.pid))
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -516,7 +567,7 @@ class Soak:
                     failures.append(f"kill {len(kills) + 1}: processes survived kill -9 of the group: {left}")
                 now = journal_snapshot(wf)
                 failures += [f"kill {len(kills) + 1} ({phase}): {f}" for f in check_after_kill(wf, before, now)]
-                kills.append({"at_s": round(kill_at, 2), "phase": phase,
+                kills.append({"at_s": round(kill_at, 2), "phase": phase, "trigger": list(trigger or ()),
                               "torn_bytes": sum(s["torn"] for s in now.values()),
                               "journal_lines": sum(len(s["lines"]) for s in now.values()),
                               "error_torn_bytes": sum(s["error_torn"] for s in now.values()),
