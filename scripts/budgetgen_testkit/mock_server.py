@@ -6,9 +6,9 @@ Raw asyncio protocol, HTTP/1.1 with keep-alive, chunked SSE streaming. Every res
 its length and words come from an rng seeded by the request's messages and --seed. Knobs model an engine
 (time to first token, per-stream token rate, tokens per SSE event, a limited number of running requests, a
 context limit) and inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server
-outage, and a permanent 400 for a share of prompts, decided per prompt so a retry gets the same answer).
-Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT. With --request-log each chat
-request's messages are appended to a file (what the server was sent, for tests).
+outage (at --outage-at, or on SIGUSR1), and a permanent 400 for a share of prompts, decided per prompt so a
+retry gets the same answer). Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
+With --request-log each chat request's messages are appended to a file (what the server was sent, for tests).
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
 --mean-tokens, so one server can serve datasets with different length profiles (a workflow sets it per
@@ -598,9 +598,9 @@ class MockServer:
             conn.abort()
 
     async def outage(self):
-        log(f"mock_server outage: listener closed, connections aborted for {self.cfg.outage_for} s")
         self.server.close()
         self.abort_all()
+        log(f"mock_server outage: listener closed, connections aborted for {self.cfg.outage_for} s")
         await asyncio.sleep(self.cfg.outage_for)
         if not self.stopping:
             await self.listen(self.port)
@@ -949,6 +949,9 @@ async def serve(cfg):
     tasks = [loop.create_task(app.sampler())]
     if cfg.outage_at is not None:
         tasks.append(loop.create_task(_after(cfg.outage_at, app.outage)))
+    # SIGUSR1: an outage now (for --outage-for s), so a test starts it at a state it waited for (records
+    # journaled, a stream in flight), not at a time a loaded machine may reach before the client does
+    loop.add_signal_handler(signal.SIGUSR1, lambda: tasks.append(loop.create_task(app.outage())))
     await stop.wait()
     app.stopping = True
     app.server.close()
@@ -1057,7 +1060,8 @@ def build_parser():
                         "request's messages and --fault-seed: the same prompt gets a 400 on every attempt")
     g.add_argument("--error-bytes", type=int, default=0,
                    help="with --fail-400: pad the error message to this many bytes (a large error body)")
-    g.add_argument("--outage-at", type=_nonneg, help="seconds after start: close the listener, abort connections")
+    g.add_argument("--outage-at", type=_nonneg, help="seconds after start: close the listener, abort connections "
+                   "(SIGUSR1 starts the same outage at once)")
     g.add_argument("--outage-for", type=_nonneg, default=2.0,
                    help="seconds before listening again on the same port (default %(default)s)")
     g = ap.add_argument_group("counters")
@@ -1102,6 +1106,18 @@ def main(argv=None):
 
 # ----------------------------------------------------------------------------------------------------
 # For tests: run the server as a subprocess
+
+
+def outage(proc, timeout=30):
+    """Start an outage of the spawned server `proc` now (SIGUSR1; it lasts --outage-for s) and wait until
+    its listener is closed (its log says so)."""
+    seen = proc.log_path.read_text().count("mock_server outage:")
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while proc.log_path.read_text().count("mock_server outage:") <= seen:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"mock server: no outage within {timeout} s of SIGUSR1")
+        time.sleep(0.02)
 
 
 def spawn(args, workdir, timeout=10, *, env=None):

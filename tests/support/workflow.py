@@ -78,8 +78,19 @@ class Workflow:
                                 env={**os.environ, **(env or {})})
 
     def killpg(self, proc, sig=signal.SIGKILL):
+        """Signal the run's process group and wait for snakemake; after SIGKILL, also until no process of
+        the group is left (its jobs may write no more), however long a loaded machine takes to reap them."""
         os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
+        if sig == signal.SIGKILL:
+            def gone():
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    return True
+                return False
+
+            wait_for(gone, timeout=30, interval=0.02, what=f"process group {proc.pid} gone")
 
     def path(self, *parts):
         return self.dir.joinpath(*parts)

@@ -2,14 +2,15 @@
 (the server_slots resource): real mock servers on loopback, the real inference job, real snakemake."""
 
 import json
+import os
 import re
+import signal
 import subprocess
-import threading
 import time
 
 from budgetgen_testkit import mock_server
 from support.jobs import job_cmd
-from support.workflow import Workflow, base_config, server_stats, write_prompts
+from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
 
 
 def job(tmp_path, urls, budget=10**6, **kw):
@@ -48,34 +49,35 @@ def test_an_endpoint_that_dies_is_taken_out_and_probed_back_in(tmp_path, server)
     log = open(tmp_path / "job.out", "w")
     proc = subprocess.Popen(job(tmp_path, [a.base_url, b_url], endpoint_recheck_s=0.5), stdout=log,
                             stderr=subprocess.STDOUT)
-    revived = []
+    journal = tmp_path / "results" / "d" / "journal.jsonl"
+    out = lambda: (tmp_path / "job.out").read_text()  # noqa: E731
+    b2 = None
     try:
-        while (not (tmp_path / "results" / "d" / "journal.jsonl").exists()
-               or len((tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()) < 20):
-            time.sleep(0.05)
+        wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= 20, timeout=120,
+                 interval=0.05, what="20 records journaled")
         b.kill()  # the server process dies: open streams break, new connections are refused
         b.wait()
-        time.sleep(2)
-
-        def revive():  # same port, a fresh process
-            revived.append(mock_server.spawn([*args, "--port", port], tmp_path / "b2"))
-
-        threading.Thread(target=revive).start()
+        wait_for(lambda: f"endpoint {b_url} taken out" in out(), timeout=60, what="B taken out")
+        # A is frozen while B comes back, so the job cannot finish on A alone before B is probed back in
+        # (A answers the rest in ~3 s: on a loaded machine that was before B's revival)
+        os.kill(a.pid, signal.SIGSTOP)
+        try:
+            b2, _ = mock_server.spawn([*args, "--port", port], tmp_path / "b2")  # same port, a fresh process
+            wait_for(lambda: f"endpoint {b_url} back in service" in out(), timeout=60, what="B back in service")
+            wait_for(lambda: server_stats(type("S", (), {"base_url": b_url})())["completed"] > 0, timeout=60,
+                     what="the revived endpoint completing a request")
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
         rc = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    out = (tmp_path / "job.out").read_text()
-    assert rc == 0, out[-4000:]
-    assert f"endpoint {b_url} taken out" in out and f"endpoint {b_url} back in service" in out, out[-4000:]
+        if b2 is not None:
+            mock_server.stop(b2)
+    assert rc == 0, out()[-4000:]
+    assert f"endpoint {b_url} taken out" in out() and f"endpoint {b_url} back in service" in out(), out()[-4000:]
     recs = records(tmp_path)
     assert len(recs) == 150 and len({r["id"] for r in recs}) == 150
-    b2, _ = revived[0]
-    try:
-        later = server_stats(type("S", (), {"base_url": b_url})())
-        assert later["completed"] > 0, "the revived endpoint got no requests"
-    finally:
-        mock_server.stop(b2)
 
 
 def test_all_endpoints_down_at_start_is_one_line_naming_them(tmp_path):
@@ -102,9 +104,11 @@ def inference_windows(wf, names):
 def test_two_datasets_share_one_server_through_the_slot_resource(tmp_path, server, tiny_tokenizer):
     """--resources server_slots=8 with two datasets of concurrency 4: both inference jobs run at once,
     and the server never sees more than 8 requests; with server_slots=4 they run one after another."""
-    srv = server("--tokens-per-s", "60", "--mean-tokens", "30", "--slots", "8")
+    # 3 s responses, 3 waves: each job streams ~9 s, so the two overlap even when a loaded machine starts
+    # the second seconds after the first
+    srv = server("--tokens-per-s", "10", "--mean-tokens", "30", "--slots", "8")
     for name in ("A", "B"):
-        write_prompts(tmp_path / "w" / "prompts" / f"{name}.jsonl", 24, prefix=name)
+        write_prompts(tmp_path / "w" / "prompts" / f"{name}.jsonl", 12, prefix=name)
     datasets = {n: {"prompts": f"prompts/{n}.jsonl"} for n in ("A", "B")}
     wf = Workflow(tmp_path / "w", base_config(srv.base_url, tiny_tokenizer, datasets, token_budget=10**6,
                                               concurrency=4))

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from budgetgen_testkit import mock_server
 from budgetgen_testkit.records import stamped
 from support.jobs import job_cmd
 from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
@@ -46,10 +47,10 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
     outage_for = 60 if SOAK else 6
     # 10 % HTTP 500, 5 % 429 + Retry-After, 5 % streams dropped mid-response, 1 % never answered
     # (the client's request_timeout_s must end them), and the listener down for outage_for seconds
-    # while the job is generating (it starts dispatching ~1.5 s after launch).
+    # while the job is generating (started once it has journaled 3 records).
     srv = server("--mean-tokens", "20", "--tokens-per-s", "20", "--fail-500", "0.10", "--fail-429", "0.05",
                  "--retry-after", "0.5", "--drop", "0.05", "--hang", "0.01", "--fault-seed", "11",
-                 "--outage-at", "5", "--outage-for", outage_for)
+                 "--outage-for", outage_for)
     write_prompts(tmp_path / "prompts.jsonl", 400)
     journal = tmp_path / "results" / "d" / "journal.jsonl"
     t0 = time.monotonic()
@@ -57,9 +58,11 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
                                     request_timeout_s=2, unreachable_deadline_s=outage_for + 30),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: "mock_server outage:" in srv.log_path.read_text(), timeout=60, what="the outage")
-        at_outage = len(journal.read_text().splitlines()) if journal.exists() else 0
-        assert at_outage > 0 and proc.poll() is None  # mid-run
+        wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= 3, timeout=120,
+                 what="3 records journaled")
+        mock_server.outage(srv)
+        at_outage = len(journal.read_text().splitlines())
+        assert at_outage >= 3 and proc.poll() is None  # mid-run
         log, _ = proc.communicate(timeout=outage_for + 120)
     finally:
         if proc.poll() is None:
@@ -91,32 +94,40 @@ def test_fault_mix_and_outage_mid_run_complete_with_budget_met_nothing_twice_and
 
 
 def test_hung_requests_are_ended_by_request_timeout_and_retried(tmp_path, server):
-    """30 % of requests never answered; request_timeout_s 1 ends each (one ReadTimeout retry per hang)."""
+    """30 % of requests never answered; request_timeout_s 3 ends each (one ReadTimeout retry per hang; 3 s,
+    so an answered request is never timed out on a loaded machine)."""
     write_prompts(tmp_path / "prompts.jsonl", 30)
     srv = server("--mean-tokens", "10", "--hang", "0.3", "--fault-seed", "5")
     t0 = time.monotonic()
-    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=8, request_timeout_s=1)
+    p = run_job(tmp_path, srv.base_url, budget=10**6, concurrency=8, request_timeout_s=3)
     assert p.returncode == 0, p.output[-3000:]
     retries, kinds = done_line(p.output)
     hangs = server_stats(srv)["faults"]["hang"]
     assert hangs > 0 and kinds == {"ReadTimeout": hangs} and retries == hangs
     assert len({json.loads(x)["id"]
                 for x in (tmp_path / "results" / "d" / "journal.jsonl").read_text().splitlines()}) == 30
-    print(f"hangs: {hangs} ended by the 1 s request timeout, run {time.monotonic() - t0:.1f} s")
+    print(f"hangs: {hangs} ended by the 3 s request timeout, run {time.monotonic() - t0:.1f} s")
 
 
 def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when_back(
         tmp_path, server, tiny_tokenizer):
     deadline = 5
-    srv = server("--mean-tokens", "20", "--tokens-per-s", "40", "--outage-at", "8", "--outage-for", "3600")
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "40", "--outage-for", "3600")
     wf = make(tmp_path, srv.base_url, tiny_tokenizer, 300, token_budget=10**6, concurrency=4)
     wf.config["server"]["unreachable_deadline_s"] = deadline
     wf.write_config()
     proc = wf.start("--cores", "2", "results/F/raw_responses.jsonl")
     log_path = wf.path("logs", "inference", "F.log")
     try:
-        wait_for(lambda: "mock_server outage:" in srv.log_path.read_text(), timeout=60, what="the outage")
+        # the outage right after a record is journaled (the deadline runs from the last success, so it
+        # starts within one response of it), once the job is well under way however slow its start
+        journal = wf.path("results", "F", "journal.jsonl")
+        count = lambda: journal.read_bytes().count(b"\n") if journal.exists() else 0  # noqa: E731
+        wait_for(lambda: count() >= 3, timeout=120, interval=0.05, what="3 records journaled")
+        n = count()
+        wait_for(lambda: count() > n, timeout=60, interval=0.01, what="one more record")
         t_down = time.monotonic()
+        mock_server.outage(srv)
         wait_for(lambda: log_path.exists() and "error: " in log_path.read_text(), timeout=deadline + 60,
                  interval=0.05, what="the inference job's error line")
         failed_after = time.monotonic() - t_down
@@ -135,8 +146,6 @@ def test_server_down_for_good_fails_within_deadline_naming_url_then_resumes_when
     assert len({json.loads(x)["id"] for x in before}) == len(before)
     assert not wf.path("results", "F", "inference.done").exists()
     # the server comes back (a new one on the same port): the next run resumes and completes
-    from budgetgen_testkit import mock_server
-
     mock_server.stop(srv)
     back = server("--mean-tokens", "20", "--port", str(srv.port))
     assert back.base_url == srv.base_url
@@ -336,10 +345,22 @@ def test_connection_errors_of_an_outage_do_not_use_up_max_retries(tmp_path, serv
     fine) -- 2 HTTP/stream retries, within max_retries 2. Counting the connection errors too gave up
     on the prompt after the outage and failed the run."""
     write_prompts(tmp_path / "prompts.jsonl", 1)
-    srv = server("--mean-tokens", "100", "--tokens-per-s", "20", "--outage-at", "3.5", "--outage-for", "4",
+    srv = server("--mean-tokens", "100", "--tokens-per-s", "20", "--outage-for", "4",
                  "--fail-500", "0.5", "--fault-seed", "14")
-    p = run_job(tmp_path, srv.base_url, budget=10**6, max_retries=2, concurrency=1, startup_wait_s=10,
-                unreachable_deadline_s=60)
+    proc = subprocess.Popen(job_cmd(tmp_path, srv.base_url, budget=10**6, max_retries=2, concurrency=1,
+                                    startup_wait_s=10, unreachable_deadline_s=60),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:  # the outage while request #1 streams (its tokens reached the client), however late it started
+        wait_for(lambda: server_stats(srv)["active"] == 1 and server_stats(srv)["tokens_generated"] > 0,
+                 timeout=120, interval=0.05, what="request #1 streaming")
+        mock_server.outage(srv)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, output)
+    p.output = output
     assert p.returncode == 0 and "giving up" not in p.output, p.output[-3000:]
     retries, kinds = done_line(p.output)
     assert kinds.get("ConnectError", 0) >= 2 and kinds["HTTP 500"] == 1

@@ -176,13 +176,25 @@ def test_unknown_model_is_one_line(tmp_path, server):
 
 
 def test_server_down_mid_run_fails_after_deadline_with_journal_intact(tmp_path, server):
+    from budgetgen_testkit import mock_server
+
     write_prompts(tmp_path / "prompts.jsonl", 400)
-    srv = server("--mean-tokens", "30", "--tokens-per-s", "300", "--outage-at", "1.5", "--outage-for", "600")
-    t0 = time.monotonic()
-    p = run(tmp_path, srv.base_url, budget=10**6, unreachable_deadline_s=3)
-    assert p.returncode == 2 and time.monotonic() - t0 < 60
-    assert "error: server at " in p.stderr and srv.base_url in p.stderr and "deadline 3 s" in p.stderr
-    assert len(journal(tmp_path)) > 0  # whole records, all parseable
+    srv = server("--mean-tokens", "30", "--tokens-per-s", "300", "--outage-for", "600")
+    proc = subprocess.Popen(cmd(tmp_path, srv.base_url, budget=10**6, unreachable_deadline_s=3),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the outage once the job has journaled (mid-run, however slow its start on a loaded machine)
+        wait_for(lambda: len(journal(tmp_path)) >= 3, timeout=120, what="3 records journaled")
+        assert proc.poll() is None
+        mock_server.outage(srv)
+        t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 2 and time.monotonic() - t0 < 60
+    assert "error: server at " in stderr and srv.base_url in stderr and "deadline 3 s" in stderr
+    assert len(journal(tmp_path)) >= 3  # whole records, all parseable
     assert not (tmp_path / "results" / "d" / "inference.done").exists()
 
 
@@ -206,8 +218,10 @@ def test_second_writer_on_one_journal_is_refused(tmp_path, server):
     first = subprocess.Popen(cmd(tmp_path, srv.base_url, budget=10**6), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (tmp_path / "results" / "d" / "journal.jsonl.lock").exists(), timeout=30, what="lock file")
-        time.sleep(0.5)
+        lock = tmp_path / "results" / "d" / "journal.jsonl.lock"
+        # the holder writes its pid once it holds the lock (the file exists a moment before)
+        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(first.pid), timeout=60,
+                 what="the lock held by the first job")
         p = run(tmp_path, srv.base_url, budget=10**6)
         assert p.returncode == 2 and "another inference process" in p.stderr and str(first.pid) in p.stderr
     finally:

@@ -7,6 +7,7 @@ turn; `snakemake -n` counts."""
 import json
 import signal
 import subprocess
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -229,7 +230,14 @@ def test_a_conversation_moves_only_when_its_endpoint_is_down(tmp_path, server):
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: len(journaled(files)) >= 2, timeout=60, what="two turns journaled")
-        mock_server.stop(servers[0])  # the first endpoint goes down mid-run
+        servers[0].send_signal(signal.SIGSTOP)  # frozen: its conversation can make no more turns
+        # the premise, held however late this test looked: the first endpoint's conversation is not done
+        on_first = {r["messages"][0]["content"].split()[0] for r in request_log(logs[0])}
+        turns = Counter(r["messages"][0]["content"].split()[0] for r in journaled(files))
+        assert on_first and all(turns[c] < 3 for c in on_first), (on_first, turns)
+        servers[0].terminate()  # the first endpoint goes down mid-run (SIGTERM, handled once continued)
+        servers[0].send_signal(signal.SIGCONT)
+        mock_server.stop(servers[0])
         out, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:

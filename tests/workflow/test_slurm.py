@@ -193,9 +193,13 @@ def test_scancel_mid_inference_then_the_next_run_resumes(tmp_path, server, tiny_
                  what="the inference job's submission")
         [(jobid, _)] = submissions((wf.dir / "snakemake.out").read_text())["inference"]
         wait_for(lambda: len(wf.journal_lines("K")) >= 4, timeout=120, what="4 journaled responses")
+        # the server frozen first, so the job cannot meet its budget before the cancel reaches it
+        # (however long scancel takes on a loaded machine); continued once the run has ended
+        os.kill(srv.pid, signal.SIGSTOP)
         subprocess.run(["scancel", jobid], check=True, timeout=60)
         rc = proc.wait(timeout=240)
     finally:
+        os.kill(srv.pid, signal.SIGCONT)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

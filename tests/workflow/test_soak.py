@@ -1,13 +1,12 @@
-"""The kill-anywhere soak (tests/soak/soak.py), CI-sized: four datasets (one multi-turn, `turns: all`
-with 2 samples), stage 1 run to the end, then a settings change (temperature, `on_settings_change:
-regenerate`): an uninterrupted reference run of stage 2, then three
-trials whose first kill -9 of the snakemake process group falls at a point of the trial's own progress:
-mid-inference (a drawn number of journal lines written), while a tokenize job runs, while an export
-job runs (the tail); never at a time taken from the reference run's clock, which a loaded machine
-stretches or shrinks. Each is rerun with --unlock, killed again (first trial, by time) or left to finish. The full soak runs on demand:
-`.venv/bin/python tests/soak/soak.py --trials 50`. The mock server answers 4 of the 56 prompts with
-HTTP 400 (--fail-400), so every run also appends permanent errors to errors.jsonl, checked after
-every kill like the journal."""
+"""The kill-anywhere soak (tests/soak/soak.py), CI-sized: four datasets (one multi-turn, `turns: all` with 2
+samples), stage 1 run to the end, then a settings change (temperature, `on_settings_change: regenerate`): an
+uninterrupted reference run of stage 2, then three trials whose first kill -9 of the snakemake process group
+falls at a point of the trial's own progress: mid-inference (a drawn number of journal lines written), while a
+tokenize job runs, while an export job runs (the tail); never at a time taken from the reference run's clock,
+which a loaded machine stretches or shrinks. Each is rerun with --unlock, killed again (first trial, by time)
+or left to finish. The full soak runs on demand: `.venv/bin/python tests/soak/soak.py --trials 50`. The mock
+server answers 4 of the 56 prompts with HTTP 400 (--fail-400), so every run also appends permanent errors to
+errors.jsonl, checked after every kill like the journal."""
 
 import random
 
