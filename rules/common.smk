@@ -5,6 +5,7 @@ import os
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.enums import Quietness
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 from budgetgen import cluster, configcheck, estimate, failures, settings, state, status  # noqa: E402
@@ -31,9 +32,33 @@ def lane_budgets(dataset):
     return settings.dataset_mixture(config, dataset).budgets()
 
 
+_AT_DAG_TIME = []  # at_dag_time ran
+
+
+def at_dag_time():
+    """Once, when Snakemake builds the DAG (its execution settings are known then, not at parse time;
+    called from the input functions every dataset's jobs evaluate): a dry-run shows Snakemake's job stats
+    (the profile's `quiet: progress`, which keeps runs quiet, hides them); under a cluster executor
+    (Snakemake runs one with threads) a loopback server.base_url is warned in one line."""
+    if _AT_DAG_TIME or not workflow.is_main_process:
+        return
+    _AT_DAG_TIME.append(True)
+    quiet = workflow.output_settings.quiet
+    if workflow.dryrun and isinstance(quiet, set):
+        quiet.discard(Quietness.PROGRESS)
+    if workflow.execution_settings.use_threads and os.name == "posix":
+        print(
+            f"budgetgen: on this host, not as cluster jobs: {', '.join(cluster.LOCAL_STEPS)}", file=sys.stderr
+        )
+        warning = cluster.loopback_warning(config)
+        if warning:
+            print(warning, file=sys.stderr)
+
+
 def earlier_prompts(wildcards):
     """generation.dedup_across_datasets: the earlier datasets' prompts files (ancient: they are read,
     and an edit to one is seen by the job's own check, not by mtime)."""
+    at_dag_time()
     return [ancient(p) for p in settings.earlier_prompts(config, wildcards.dataset)]
 
 
@@ -138,6 +163,7 @@ def dataset_files(dataset):
 def raw_responses_input(wildcards):
     """Finalize straight from the journal when the checkpoint says met or exhausted (no inference
     job); otherwise through the inference job's done marker (see budgetgen.state)."""
+    at_dag_time()
     ds = wildcards.dataset
     p = paths(ds)
     if os.path.exists(p.done) or not os.path.exists(p.journal):

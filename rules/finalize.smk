@@ -11,6 +11,8 @@ rule finalize:
         "logs/finalize/{dataset}.log",
     benchmark:
         "benchmarks/finalize/{dataset}.tsv"
+    # seconds of work: on the submitting host under a cluster executor (budgetgen.cluster.LOCAL_STEPS)
+    localrule: True
     conda:
         "../envs/budgetgen.yaml"
     params:

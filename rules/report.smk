@@ -53,6 +53,8 @@ rule plots:
         "logs/plots/{dataset}.log",
     benchmark:
         "benchmarks/plots/{dataset}.tsv"
+    # seconds of work: on the submitting host under a cluster executor (budgetgen.cluster.LOCAL_STEPS)
+    localrule: True
     conda:
         "../envs/budgetgen.yaml"
     params:

@@ -14,6 +14,11 @@
   the rule's own, so a GPU there would be held by an HTTP client for the whole run).
 - request_line(config, default_resources, set_resources): what each inference job will ask the
   cluster for, as the status table prints it.
+- loopback_warning(config): one line when inference jobs run on other machines (a cluster executor)
+  but server.base_url names this host's loopback (127.0.0.0/8, ::1, localhost), which a compute node
+  cannot reach; None with server.launch (the job starts its server beside itself) or a routable host.
+- LOCAL_STEPS: the steps that run on the submitting host under a cluster executor (`localrule: True` in
+  their rules): seconds of work each, not worth a job and its queue wait.
 
 `default_resources` and `set_resources` are Snakemake's parsed profile values
 (workflow.resource_settings: {name: Resource} and {rule: {name: Resource}}) or plain dicts; a
@@ -22,8 +27,10 @@ Resource's profile text is its `.raw` (`"'cpu'"`, `1440 * attempt`).
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -36,6 +43,8 @@ _PARALLEL_FLAGS = (
     ("--dp", "--dp-size", "--data-parallel-size", "-dp"),
 )
 _GPU_KEYS = ("gres", "gpu", "gpus", "gpus_per_task", "gpus_per_node")
+# the rules with `localrule: True` (held against the rules by tests/unit/test_conventions.py)
+LOCAL_STEPS = ("budget_status", "finalize", "summary", "plots")
 
 
 def launch_gpus(template: str | None) -> int:
@@ -126,3 +135,29 @@ def request_line(config: dict[str, Any], default_resources: Mapping[str, object]
         urls = server.get("base_url")
         why = "each is an HTTP client of " + (urls if isinstance(urls, str) else ", ".join(urls))
     return f"inference jobs ask the cluster for: {', '.join(parts)} ({why})"
+
+
+def _is_loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_warning(config: dict[str, Any]) -> str | None:
+    """For a run whose inference jobs go to a cluster executor: one line when server.base_url is this
+    host's loopback, which the compute nodes running those jobs cannot reach."""
+    server = config["server"]
+    if server.get("launch"):
+        return None
+    urls = server.get("base_url")
+    urls = [urls] if isinstance(urls, str) else list(urls or ())
+    local = [u for u in urls if _is_loopback(u)]
+    if not local:
+        return None
+    return (f"warning: server.base_url {', '.join(local)} is this host's loopback, but inference jobs run on "
+            "the cluster's compute nodes, which cannot reach it: give the server's hostname or address "
+            "(or use server.launch to start the server inside the job)")

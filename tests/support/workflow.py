@@ -56,15 +56,17 @@ class Workflow:
         with open(self.dir / "config.yaml", "w") as f:
             yaml.safe_dump(self.config, f, sort_keys=False)
 
-    def cmd(self, *args):
+    def cmd(self, *args, listing=True):
         """snakemake on this directory; a dry-run lists its jobs (profiles/default's `quiet: rules` hides
-        the listing planned_inference reads; `--quiet host` on the command line replaces it)."""
-        listing = list(LISTING) if ("-n" in args or "--dry-run" in args) and "--quiet" not in args else []
+        the listing planned_inference reads; `--quiet host` on the command line replaces it), unless
+        listing=False (the command as a user types it, under the profile's quiet)."""
+        dry = "-n" in args or "--dry-run" in args
+        listing = list(LISTING) if listing and dry and "--quiet" not in args else []
         return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(self.dir),
                 "--configfile", str(self.dir / "config.yaml"), *args, *listing]
 
-    def run(self, *args, check=True, timeout=300, env=None):
-        proc = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout,
+    def run(self, *args, check=True, timeout=300, env=None, listing=True):
+        proc = subprocess.run(self.cmd(*args, listing=listing), capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, **(env or {})})
         proc.output = proc.stdout + proc.stderr
         if check and proc.returncode != 0:

@@ -70,3 +70,16 @@ def test_the_request_line_applies_the_profile_over_the_rule():
                     "attempt (each is an HTTP client of http://10.0.0.5:30000/v1)")
     line = cluster.request_line(config("sglang --tp 8", slurm_partition="h100"), defaults, {})
     assert "16 CPU, 256000 MB, gres gpu:8, partition h100" in line and "8 GPU by its parallel sizes" in line
+
+
+@pytest.mark.parametrize("url, warned", [
+    ("http://127.0.0.1:30000/v1", True), ("http://localhost:8000/v1", True), ("http://[::1]:8000/v1", True),
+    ("http://127.0.1.1:8000/v1", True), ("http://gpu-node-07:30000/v1", False), ("http://10.0.0.5:8000/v1", False),
+])
+def test_a_loopback_base_url_is_warned_for_cluster_jobs(url, warned):
+    line = cluster.loopback_warning({"server": {"base_url": [url, "http://gpu-node-01:30000/v1"]}})
+    assert (line is not None) == warned
+    if warned:
+        assert line.startswith("warning: server.base_url ") and url in line and "gpu-node-01" not in line
+        assert "\n" not in line
+    assert cluster.loopback_warning({"server": {"base_url": url, "launch": "vllm serve {model} --port {port}"}}) is None

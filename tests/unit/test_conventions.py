@@ -259,3 +259,13 @@ def test_the_product_packages_public_functions_carry_type_hints():
                 if f.returns is None or any(a.annotation is None for a in args):
                     bare.append(f"{path.name}:{f.lineno} {f.name}")
     assert not bare, "public functions without type hints: " + ", ".join(bare)
+
+
+def test_the_local_steps_are_the_rules_marked_localrule():
+    """Under a cluster executor only what needs a node is submitted: the rules with `localrule: True` are
+    exactly budgetgen.cluster.LOCAL_STEPS (the list the dry-run prints)."""
+    from budgetgen import cluster
+
+    local = {name for _, name, body in rule_blocks() if re.search(r"^    localrule: True$", body, re.M)}
+    assert local == set(cluster.LOCAL_STEPS)
+    assert {"inference", "tokenize"}.isdisjoint(local)  # the work a node is for

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import re
 import subprocess
 import sys
 
@@ -67,7 +68,12 @@ def test_dry_run_lists_only_unfinished_dataset_and_budget_raise_resumes(tmp_path
     wf = make(tmp_path, srv, tiny_tokenizer, {}, {"B1": 100, "B2": 100, "B3": 100}, token_budget=600)
     fresh = wf.run("-n", "all")
     assert planned_inference(fresh.output) == {"B1", "B2", "B3"}  # fresh tree: no <TBD> hiding them
-    wf.run("--cores", "2", "all")
+    # as a user types it, under the quiet profile: Snakemake's job stats, no rule blocks; no cluster lines
+    plain = wf.run("-n", "all", listing=False).output
+    assert re.search(r"^Job stats:\n(?:.*\n)*?inference\s+3$", plain, re.M), plain[-3000:]
+    assert "rule inference:" not in plain and "not as cluster jobs" not in plain and "warning:" not in plain
+    run = wf.run("--cores", "2", "all").output
+    assert "Job stats" not in run and "rule inference:" not in run  # a run stays as quiet as before
     # B3 half done, as a crash mid-inference leaves it: a partial journal, no done marker and
     # no final files yet, and a status of at most the journal's tokens (a killed job leaves the one the
     # checkpoint wrote before it; one that ends rewrites it): here the checkpoint script's own count
