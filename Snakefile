@@ -46,6 +46,7 @@ include: "rules/export.smk"
 
 onstart:
     forget_earlier_failures()
+    refuse_before_jobs()
     check_tokenizer_before_jobs()
 
 

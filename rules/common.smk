@@ -175,6 +175,18 @@ def raw_responses_input(wildcards):
     return [p.done]
 
 
+REFUSED = {}  # {dataset: its status-table state}: a settings change its jobs would refuse
+
+
+def refuse_before_jobs():
+    """Called from the Snakefile's onstart: a settings change a dataset's job would refuse (the status
+    table says `refused`) refuses the run before any job starts, so no finished output is removed."""
+    mine = {job.wildcards.get("dataset") for job in workflow.dag.needrun_jobs()}
+    problem = state.refused_before_jobs({ds: row for ds, row in REFUSED.items() if ds in mine})
+    if problem:
+        raise WorkflowError(problem)
+
+
 def print_status_table():
     """Tokens done and left per dataset, at DAG time (so `snakemake -n` shows it too)."""
     if workflow.is_main_process:
@@ -186,6 +198,8 @@ def print_status_table():
                 ds, dataset_files(ds), s.mixture.budgets(), s.policy, status.table_counts(s)
             )
             rows += mine
+            if mine[0][5].startswith(state.REFUSED):
+                REFUSED[ds] = mine[0][5]
             left.append(estimate.remaining(s, mine[0][1], expected))
         print(state.format_status_table(rows), file=sys.stderr)
         gpus = estimate.server_gpus(config["server"])

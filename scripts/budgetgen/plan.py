@@ -183,18 +183,23 @@ def prepare(s: InferenceSettings) -> tuple[journal.JournalLock, RunState]:
 
 
 def _read_journal(s, prompts):
-    """Under the lock: remove what says "finished", repair both journals' torn tails, scan the journal;
-    refuses (one line) what the settings-change policy refuses."""
+    """Under the lock: scan the journal (repairing its torn tail), refuse (one line) what the settings-change
+    policy refuses, remove what says "finished", repair errors.jsonl's torn tail."""
     # The done marker and the files made from the journal say "finished with these settings"; from
     # here on this run decides. Left in place, a run interrupted, refused or failed after a settings
     # change (budget raised, prompts added) would leave them to satisfy the DAG with the old data
     # (Snakemake records the interrupted job's new params, and a consumer whose output exists is not
     # rerun for a missing input), and rows, plots and a summary that look finished. Removed, the next
     # run must go through this job again, and only a run that ends met or exhausted remakes them.
+    # A refused settings change is refused before that: a refusal touches nothing (the workflow refuses it
+    # before any job starts; this is the job started some other way).
+    journaled = scan_lanes(s, prompts, repair=True)
+    refusal = s.policy.refusal(s.dataset, journaled.by_identity)
+    if refusal:
+        raise UserError(refusal)
     removed = remove_outputs(s.paths.finished_outputs())
     if removed:
         log.info("Removed the earlier run's outputs until this run ends met or exhausted: " + ", ".join(removed))
-    journaled = scan_lanes(s, prompts, repair=True)
     if journaled.repaired_bytes:
         log.info(f"Repaired torn journal tail: dropped {journaled.repaired_bytes} bytes")
     if journaled.duplicates:
@@ -203,9 +208,6 @@ def _read_journal(s, prompts):
     repaired = journal.repair_tail(s.paths.errors)
     if repaired:
         log.info(f"Repaired torn tail of {s.paths.errors}: dropped {repaired} bytes")
-    refusal = s.policy.refusal(s.dataset, journaled.by_identity)
-    if refusal:
-        raise UserError(refusal)
     return journaled
 
 

@@ -228,6 +228,20 @@ def refused_state(changed: Iterable[str]) -> str:
     return f"{REFUSED}: settings changed ({'; '.join(changed)}); see generation.on_settings_change"
 
 
+def refused_before_jobs(refused: Mapping[str, str]) -> str | None:
+    """The run's refusal, before any job starts (the Snakefile's onstart), of the datasets with jobs to run
+    whose state is a refused settings change ({dataset: its status-table state}): one line each, and the
+    ways out; no job ran, so nothing (journal, rows, exports, summary) was touched. None if there is none."""
+    if not refused:
+        return None
+    lines = [f"dataset {ds}: {row_state}" for ds, row_state in sorted(refused.items())]
+    lines.append("nothing was run and no output was removed. Restore those settings, use a new dataset name, or "
+                 "set generation.on_settings_change: regenerate (old records kept in the journal, out of the "
+                 "outputs; the budget counted afresh) or extend (old records kept in the outputs, the new "
+                 "settings fill the rest of the budget)")
+    return "\n".join(lines)
+
+
 def format_status_table(rows: Sequence[tuple[str, int, int, int, int, str, bool]]) -> str:
     """The table `snakemake -n` prints, one `budgetgen: ` line per dataset."""
     width = max(len("dataset"), *(len(r[0]) for r in rows))

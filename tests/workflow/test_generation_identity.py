@@ -6,6 +6,7 @@ proved to work in the run that records errors; journals written before identitie
 scripts/migrate_journal.py stamps them, then resume as they are."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,24 +37,39 @@ def change(wf, **generation):
     wf.write_config()
 
 
+def finished_files(wf):
+    """{path: bytes} of every file of the workflow's results (the journal, rows, exports, plots, summary)."""
+    return {str(p.relative_to(wf.dir)): p.read_bytes() for p in sorted(wf.path("results").rglob("*"))
+            if p.is_file() and p.suffix != ".lock"}  # the lock file holds the last job's pid
+
+
 def refused(wf, srv, *changed):
-    """A run after a settings change: non-zero, one line naming each changed setting and the ways out,
-    no request sent, the journal untouched; `-n` says the same in its status table."""
-    before_requests, before_journal = (server_stats(srv)["requests"],
-                                       wf.path("results", "D", "journal.jsonl").read_bytes())
+    """A run after a settings change: refused before any job starts, non-zero, a line naming each changed
+    setting and the ways out, no request sent, nothing touched (journal, rows, plots, summary byte for
+    byte); `-n` says the same in its status table. The inference job itself refuses (in one line, before
+    it removes anything) when started some other way."""
+    before_requests, before = server_stats(srv)["requests"], finished_files(wf)
     dry = wf.run("-n", "all")
     assert planned_inference(dry.output) == {"D"}
     row = next(line for line in dry.output.splitlines() if line.startswith("budgetgen: D "))
     assert "refused: settings changed (" in row and all(c in row for c in changed), row
     p = wf.run("--cores", "2", "all", check=False)
-    log = wf.path("logs", "inference", "D.last.log").read_text()
-    errors = [line for line in log.splitlines() if line.startswith("error: ")]
-    assert p.returncode != 0 and len(errors) == 1, log[-3000:]
-    assert all(c in errors[0] for c in changed) and "on_settings_change: regenerate" in errors[0], errors[0]
-    assert "nothing was requested" in errors[0] and "Traceback" not in log
+    lines = [line for line in p.output.splitlines() if line.startswith("dataset D: refused: settings changed")]
+    assert p.returncode != 0 and len(lines) == 1, p.output[-3000:]
+    assert all(c in lines[0] for c in changed), lines[0]
+    assert "nothing was run and no output was removed" in p.output and "on_settings_change: regenerate" in p.output
+    assert "Traceback" not in p.output and "rule inference" not in p.output
     assert server_stats(srv)["requests"] == before_requests
-    assert wf.path("results", "D", "journal.jsonl").read_bytes() == before_journal
-    assert not wf.path("results", "D", "inference.done").exists()
+    assert finished_files(wf) == before
+    # the job started by hand (as a cluster's retry would): one line, nothing removed either
+    job = subprocess.run([sys.executable, str(REPO / "scripts" / "run_inference.py"), "--config", "config.yaml",
+                          "--dataset", "D"], cwd=wf.dir, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
+    errors = [line for line in job.stderr.splitlines() if line.startswith("error: ")]
+    assert job.returncode != 0 and len(errors) == 1, job.stderr[-3000:]
+    assert all(c in errors[0] for c in changed) and "nothing was requested" in errors[0], errors[0]
+    assert server_stats(srv)["requests"] == before_requests
+    assert finished_files(wf) == before
 
 
 def provenance(wf):
@@ -101,10 +117,9 @@ def test_history_and_temperature_changed_on_an_exhausted_dataset_never_pass_as_t
     assert len(first) == 1 and first[0]["settings"]["temperature"] == 0.6
     change(wf, history_reasoning="keep", temperature=0.7)
     refused(wf, srv, 'history_reasoning "drop" -> "keep"', "temperature 0.6 -> 0.7")
-    # refused: no row of the old settings is left to pass as the new ones' (issue 29: nothing stale looks
-    # finished); the journal keeps every record
-    assert not wf.path("results", "D", "tokenized.arrow").exists()
-    assert not wf.path("results", "summary.tsv").exists()
+    # refused before any job: the rows, summary and provenance of the old settings are as they were (they
+    # say temperature 0.6, and `-n` says refused), the journal keeps every record
+    assert provenance(wf)["generation_settings"] == first and wf.path("results", "summary.tsv").exists()
     change(wf, on_settings_change="regenerate")
     wf.run("--cores", "2", "all")
     (made,) = provenance(wf)["generation_settings"]
