@@ -46,13 +46,30 @@ def at_dag_time():
     quiet = workflow.output_settings.quiet
     if workflow.dryrun and isinstance(quiet, set):
         quiet.discard(Quietness.PROGRESS)
-    if workflow.execution_settings.use_threads and os.name == "posix":
+    execution = workflow.execution_settings  # None when no jobs are run (--report, --lint)
+    if execution is not None and execution.use_threads and os.name == "posix":
         print(
             f"budgetgen: on this host, not as cluster jobs: {', '.join(cluster.LOCAL_STEPS)}", file=sys.stderr
         )
         warning = cluster.loopback_warning(config)
         if warning:
             print(warning, file=sys.stderr)
+
+
+def report_saying_where(create_report):
+    """Snakemake's create_report, then one line naming the file it wrote: a relative --report path is
+    relative to the working directory (-d), not to the folder snakemake was started in."""
+
+    def create(report_plugin, report_settings, global_report_settings):
+        create_report(report_plugin, report_settings, global_report_settings)
+        path = getattr(report_settings, "path", None)
+        if path is not None:
+            print(f"budgetgen: report written to {os.path.abspath(path)}", file=sys.stderr)
+
+    return create
+
+
+workflow.create_report = report_saying_where(workflow.create_report)
 
 
 def earlier_prompts(wildcards):

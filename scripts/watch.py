@@ -9,7 +9,8 @@ the ETA and the errors, and a total line for the whole run.
 
 WORKDIR is the run's working directory, as snakemake's -d: the folder holding results/ and logs/
 (default: the current one). The config is WORKDIR/config.yaml (or WORKDIR/config/config.yaml) unless
---config names it (the file given to snakemake with --configfile; relative to WORKDIR unless absolute).
+--config names it: the file given to snakemake with --configfile, read as snakemake reads it (relative to
+the current folder, not to WORKDIR, unless absolute).
 
 On a terminal the table is drawn with colours and refreshes in place. Anywhere else (a pipe, a file,
 a script, a CI log) it is plain text: --once prints it once; without --once a new table is appended
@@ -39,8 +40,9 @@ def parse_args(argv):
                     help="the run's working directory, as snakemake's -d: the folder holding config.yaml, "
                          "results/ and logs/ (default: the current one)")
     ap.add_argument("--config", default=None, metavar="FILE",
-                    help="the run's config file (the one given to snakemake with --configfile), relative to DIR "
-                         f"unless absolute (default: {' or '.join(DEFAULT_CONFIGS)} in DIR)")
+                    help="the run's config file (the one given to snakemake with --configfile), relative to the "
+                         "current folder as snakemake reads it, unless absolute "
+                         f"(default: {' or '.join(DEFAULT_CONFIGS)} in DIR)")
     ap.add_argument("--once", action="store_true",
                     help="print one table and exit (for scripts and CI; plain text unless stdout is a terminal)")
     ap.add_argument("--tsv", action="store_true", help="tab-separated values instead of the table (with --once)")
@@ -54,14 +56,18 @@ def parse_args(argv):
 
 
 def find_config(directory, config):
-    """The config file's absolute path; one line naming the paths tried when there is none."""
-    tried = [os.path.abspath(os.path.join(directory, c)) for c in ([config] if config else DEFAULT_CONFIGS)]
+    """The config file's absolute path: `config` as snakemake reads --configfile (relative to the current
+    folder), else the default names in `directory` (as snakemake -d finds them); one line naming the paths
+    tried when there is none."""
+    tried = ([os.path.abspath(config)] if config
+             else [os.path.abspath(os.path.join(directory, c)) for c in DEFAULT_CONFIGS])
     for path in tried:
         if os.path.isfile(path):
             return path
     hint = ""
-    if config and not os.path.isabs(config) and os.path.isfile(config) and os.path.abspath(config) not in tried:
-        hint = f"; {os.path.abspath(config)} exists (relative to the current folder): give that path"
+    inside = os.path.abspath(os.path.join(directory, config)) if config and not os.path.isabs(config) else None
+    if inside and os.path.isfile(inside) and inside not in tried:
+        hint = f"; {inside} exists in -d, but snakemake reads --configfile from the current folder: give that path"
     what = f"--config {config}: no such file" if config else f"no config file in {os.path.abspath(directory)}"
     raise UserError(f"{what} (tried {', '.join(tried)}){hint}: give the run's working directory with -d DIR, "
                     "or its config with --config FILE (the one given to snakemake with --configfile)")

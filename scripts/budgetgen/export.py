@@ -74,7 +74,8 @@ def to_hf_dataset(tokenized_path: str | os.PathLike, out_dir: str | os.PathLike)
     if not os.path.isfile(tokenized_path):
         raise UserError(f"{tokenized_path}: no such file")
     ds = Dataset.from_file(os.fspath(tokenized_path))
-    ds = ds.map(lambda row: {"attention_mask": [1] * len(row["input_ids"])}, desc=None)
+    # in memory: a map's cache file would land beside tokenized.arrow (results/D/cache-*.arrow, ~1.2x its size)
+    ds = ds.map(lambda row: {"attention_mask": [1] * len(row["input_ids"])}, desc=None, keep_in_memory=True)
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     ds.save_to_disk(tmp)

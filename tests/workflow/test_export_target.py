@@ -17,6 +17,7 @@ def test_export_target_writes_specforge_jsonl_pretokenized_jsonl_and_hf_dataset(
                                       token_budget=10**6))
     wf.run("--cores", "2", "all")
     wf.run("--cores", "1", "export")
+    assert not list(wf.path("results").rglob("cache-*.arrow"))  # no datasets cache files left beside the rows
     raw = wf.records("A", "raw_responses.jsonl")
     lines = wf.path("results", "A", "export", "specforge.jsonl").read_text().splitlines()
     exported = [json.loads(line) for line in lines]

@@ -81,7 +81,8 @@ def test_api_key_is_never_written_anywhere(tmp_path, server, tiny_tokenizer):
     run = wf.run("--cores", "2", "all", env=env)
     assert len(wf.records("S", "raw_responses.jsonl")) == 12 and len(wf.records("S", "errors.jsonl")) == 1
     report = wf.run("--report", "report.html", env=env)
-    assert "Report created." in report.output
+    # where it went: relative to -d, not to the folder snakemake ran in
+    assert "Report created." in report.output and f"budgetgen: report written to {wf.path('report.html')}" in report.output
     for rule in ("budget_status", "inference", "finalize", "tokenize", "plots"):
         assert wf.path("benchmarks", rule, "S.tsv").exists()
     html = wf.path("report.html").read_text()

@@ -160,7 +160,9 @@ def test_watch_once_piped_from_another_folder_prints_every_dataset_as_plain_text
     elsewhere.mkdir()
     shutil.copy(wf.path("config.yaml"), wf.path("other.yaml"))
     env = {**os.environ, "FORCE_COLOR": "1", "TERM": "xterm-256color"}  # rich would colour a pipe under these
-    for extra in ([], ["--config", "other.yaml"]):  # --config relative to -d, not to the current folder
+    shutil.copy(wf.path("config.yaml"), elsewhere / "mine.yaml")
+    # --config read as snakemake reads --configfile: relative to the current folder, not to -d
+    for extra in ([], ["--config", "mine.yaml"], ["--config", str(wf.path("other.yaml"))]):
         p = subprocess.run(WATCH + ["--once", "-d", str(wf.dir), *extra], cwd=elsewhere, capture_output=True,
                            text=True, timeout=60, env=env)
         assert p.returncode == 0 and not p.stderr, p.stdout + p.stderr
@@ -193,7 +195,10 @@ def test_watch_without_a_config_says_where_it_looked_in_one_line(tmp_path):
     assert p.stderr.startswith(f"error: no config file in {empty} (tried {empty / 'config.yaml'}, "
                                f"{empty / 'config' / 'config.yaml'})"), p.stderr
     assert "-d DIR" in p.stderr and "--config FILE" in p.stderr
+    (empty / "my.yaml").write_text("{}\n")  # in -d, where snakemake would not look for --configfile my.yaml
     p = subprocess.run(WATCH + ["-d", str(empty), "--config", "my.yaml"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
-    assert p.stderr.startswith(f"error: --config my.yaml: no such file (tried {empty / 'my.yaml'})"), p.stderr
+    assert p.stderr.startswith(f"error: --config my.yaml: no such file (tried {tmp_path / 'my.yaml'}); "
+                               f"{empty / 'my.yaml'} exists in -d, but snakemake reads --configfile from the "
+                               "current folder"), p.stderr
