@@ -217,7 +217,7 @@ def print_status_table():
             rows += mine
             if mine[0][5].startswith(state.REFUSED):
                 REFUSED[ds] = mine[0][5]
-            left.append(estimate.remaining(s, mine[0][1], expected))
+            left.append(estimate.remaining(s, mine, expected))
         print(state.format_status_table(rows), file=sys.stderr)
         gpus = estimate.server_gpus(config["server"])
         print(estimate.format_table(left, expected, gpus), file=sys.stderr)
