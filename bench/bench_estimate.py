@@ -26,10 +26,9 @@ from pathlib import Path
 import common
 
 sys.path.insert(0, str(common.REPO / "tests"))
-from support.workflow import Workflow, base_config, wait_for, write_prompts  # noqa: E402
-
 from budgetgen import estimate  # noqa: E402
 from budgetgen_testkit.tiny_tokenizer import build_tokenizer  # noqa: E402
+from support.workflow import Workflow, base_config, wait_for, write_prompts  # noqa: E402
 
 
 def before(journal, kept_left, keep_gate=None):

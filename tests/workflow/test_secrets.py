@@ -82,7 +82,8 @@ def test_api_key_is_never_written_anywhere(tmp_path, server, tiny_tokenizer):
     assert len(wf.records("S", "raw_responses.jsonl")) == 12 and len(wf.records("S", "errors.jsonl")) == 1
     report = wf.run("--report", "report.html", env=env)
     # where it went: relative to -d, not to the folder snakemake ran in
-    assert "Report created." in report.output and f"budgetgen: report written to {wf.path('report.html')}" in report.output
+    assert "Report created." in report.output
+    assert f"budgetgen: report written to {wf.path('report.html')}" in report.output
     for rule in ("budget_status", "inference", "finalize", "tokenize", "plots"):
         assert wf.path("benchmarks", rule, "S.tsv").exists()
     html = wf.path("report.html").read_text()

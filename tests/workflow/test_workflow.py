@@ -2,9 +2,9 @@
 
 import json
 import os
+import re
 import shutil
 import signal
-import re
 import subprocess
 import sys
 
