@@ -18,6 +18,9 @@ own CPU seconds (getrusage), so the figure is tokens per client CPU-second: what
 take in. Goal (issue 15): budgetgen >= 0.5x the baseline's tokens per CPU-second.
 
     .venv/bin/python bench/bench_ingest.py [--quick] [--streams 150,512] [--tokens 400] [--reps 3]
+    .venv/bin/python bench/bench_ingest.py --tokens-per-event 1,8 --streams 512 --clients budgetgen,baseline \
+        --output ingest-events     # the client's CPU per token when the server packs 8 tokens per event
+                                   # (--stream-interval 8 of SGLang and vLLM), beside the raw parser
 """
 
 import argparse
@@ -101,12 +104,12 @@ def child_main(args):
     print(json.dumps({"wall": wall, "cpu": cpu, "done": done, "tokens": tokens}), flush=True)
 
 
-def one_run(client, streams, rep, work, prompts, args):
-    d = work / f"{client}-{streams}-{rep}"
+def one_run(client, streams, rep, work, prompts, args, per_event=1):
+    d = work / f"{client}-{streams}-{per_event}-{rep}"
     d.mkdir()
     proc, url = common.start_server(["--length-dist", "fixed", "--mean-tokens", args.tokens,
                                      "--tokens-per-s", args.rate,
-                                     "--chunk-interval-s", 0.01, "--tokens-per-event", 1, "--seed", rep],
+                                     "--chunk-interval-s", 0.01, "--tokens-per-event", per_event, "--seed", rep],
                                     work / "servers")
     try:
         return bench_client.run_child(__file__, client, proc, url, prompts, d, args.requests,
@@ -127,6 +130,10 @@ def main():
     ap.add_argument("--rate", type=float, default=100.0,
                     help="tokens/s per stream (default %(default)s: one event per network read, as from an engine "
                          "at low batch; 0 = as fast as the server can, 64 events per write)")
+    ap.add_argument("--tokens-per-event", default="1",
+                    help="tokens per SSE event, comma-separated (default %(default)s; an engine's --stream-interval)")
+    ap.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated subset (default all)")
+    ap.add_argument("--output", default="ingest", help="bench/results/NAME.md (default %(default)s)")
     ap.add_argument("--child", choices=CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
@@ -141,18 +148,23 @@ def main():
         args.total //= 3
         args.reps = 1
     streams = [int(x) for x in args.streams.split(",") if x]
+    per_events = [int(x) for x in args.tokens_per_event.split(",") if x]
+    clients = [c for c in args.clients.split(",") if c]
+    if "baseline" not in clients or set(clients) - set(CLIENTS):
+        ap.error(f"--clients: a subset of {','.join(CLIENTS)} with the baseline")
     args.requests = max(max(streams), args.total // args.tokens)
-    runs = {(c, n): [] for c in CLIENTS for n in streams}
+    runs = {(c, n, e): [] for c in clients for n in streams for e in per_events}
     with tempfile.TemporaryDirectory(prefix="bench_ingest.") as tmp:
         work = Path(tmp)
         prompts = work / "prompts.jsonl"
         bench_client.write_prompts(prompts, args.requests)
         for rep in range(args.reps):
-            for n in streams:
-                for client in (CLIENTS if rep % 2 == 0 else CLIENTS[::-1]):  # alternate the order: drift
-                    res = one_run(client, n, rep, work, prompts, args)
-                    runs[(client, n)].append(res)
-                    print(f"  {client} {n} streams rep {rep}: {res['tokens'] / res['cpu']:,.0f} tokens per client "
+            for n, e in [(n, e) for n in streams for e in per_events]:
+                for client in (clients if rep % 2 == 0 else clients[::-1]):  # alternate the order: drift
+                    res = one_run(client, n, rep, work, prompts, args, e)
+                    runs[(client, n, e)].append(res)
+                    print(f"  {client} {n} streams {e}/event rep {rep}: {res['tokens'] / res['cpu']:,.0f} tokens per "
+                          "client "
                           f"CPU-s, {res['tokens'] / res['wall']:,.0f} tokens/s, client CPU {res['cpu']:.2f} s, "
                           f"server CPU {res['server_cpu']:.2f} s", file=sys.stderr, flush=True)
 
@@ -160,22 +172,25 @@ def main():
         return common.median([fn(r) for r in runs[key]])
 
     rows, ratios, wall_ratios = [], {}, {}
-    for n in streams:
-        base = med(("baseline", n), lambda r: r["tokens"] / r["cpu"])
-        base_wall = med(("baseline", n), lambda r: r["tokens"] / r["wall"])
-        for client in CLIENTS:
-            key = (client, n)
+    for n, e in [(n, e) for n in streams for e in per_events]:
+        base = med(("baseline", n, e), lambda r: r["tokens"] / r["cpu"])
+        base_wall = med(("baseline", n, e), lambda r: r["tokens"] / r["wall"])
+        for client in clients:
+            key = (client, n, e)
             per_cpu = med(key, lambda r: r["tokens"] / r["cpu"])
             per_s = med(key, lambda r: r["tokens"] / r["wall"])
             ratios[key], wall_ratios[key] = per_cpu / base, per_s / base_wall
-            rows.append([n, client, f"{per_cpu:,.0f}", f"{per_cpu / base:.2f}x", f"{per_s:,.0f}",
-                         f"{per_s / base_wall:.2f}x",
+            rows.append([n, e, client, f"{per_cpu:,.0f}", f"{1e6 / per_cpu:.1f}", f"{per_cpu / base:.2f}x",
+                         f"{per_s:,.0f}", f"{per_s / base_wall:.2f}x",
                          f"{100 * med(key, lambda r: r['cpu'] / r['wall']):.0f}% / "
                          f"{100 * med(key, lambda r: r['server_cpu'] / r['wall']):.0f}%"])
-    best = {c: max(med((c, n), lambda r: r["tokens"] / r["wall"]) for n in streams) for c in WORKERS}
+    e1 = per_events[0]
+    best = {c: max(med((c, n, e1), lambda r: r["tokens"] / r["wall"]) for n in streams) for c in WORKERS
+            if c in clients}
     cores = len(os.sched_getaffinity(0))
     notes = [
-        f"{args.requests} requests per run of {args.tokens} tokens each, 1 token per SSE event, usage on every "
+        f"{args.requests} requests per run of {args.tokens} tokens each, {args.tokens_per_event} tokens per SSE "
+        "event, usage on every "
         f"event (continuous_usage_stats, as budgetgen asks), mock server --tokens-per-s {args.rate:g} per stream "
         f"(chunks every 10 ms: {'one event per network read' if 0 < args.rate <= 100 else 'several events per read'}); "
         f"medians of {args.reps} "
@@ -185,20 +200,22 @@ def main():
         "core takes in. busy = CPU seconds / wall seconds (client, workers included / server).",
         "budgetgen-Nw: the same job with server.client_processes N (budgetgen.stream_workers: N processes read "
         "the streams, the job's process decides and journals).",
-        "goal (issue 15): budgetgen >= 0.5x the baseline's tokens per CPU-s: " + ", ".join(
-            f"{n} streams {ratios['budgetgen', n]:.2f}x "
-            f"({'met' if ratios['budgetgen', n] >= GOAL_RATIO else 'missed'})" for n in streams) + ".",
-        "goal (issue 32): one job with stream workers >= 0.8x the baseline at 512 and 1,024 streams: " + "; ".join(
-            f"{c} at {n}: {ratios[c, n]:.2f}x per CPU-s, {wall_ratios[c, n]:.2f}x tokens/s "
-            f"({'met' if max(ratios[c, n], wall_ratios[c, n]) >= GOAL_WORKERS else 'missed'})"
-            for c in ("budgetgen-1w", "budgetgen-2w") for n in streams if n >= 512) + ".",
+        "us CPU per token = 1e6 / tokens per client CPU-s: what a token costs the client at that packing.",
+        f"goal (issue 15, at {e1} per event): budgetgen >= 0.5x the baseline's tokens per CPU-s: " + ", ".join(
+            f"{n} streams {ratios['budgetgen', n, e1]:.2f}x "
+            f"({'met' if ratios['budgetgen', n, e1] >= GOAL_RATIO else 'missed'})" for n in streams) + ".",
+        "goal (issue 32): one job with stream workers >= 0.8x the baseline at 512 and 1,024 streams: " + ("; ".join(
+            f"{c} at {n}: {ratios[c, n, e1]:.2f}x per CPU-s, {wall_ratios[c, n, e1]:.2f}x tokens/s "
+            f"({'met' if max(ratios[c, n, e1], wall_ratios[c, n, e1]) >= GOAL_WORKERS else 'missed'})"
+            for c in ("budgetgen-1w", "budgetgen-2w") if c in clients for n in streams if n >= 512) or "not run") + ".",
         "highest tokens/s one job reached here: " + ", ".join(f"{c} {v:,.0f}" for c, v in best.items())
         + f" (wall clock; on this machine the mock server shares the {cores} cores with the client and its "
         "workers, so wall rates are bounded by all of them together: see the server's busy share).",
     ]
-    common.report("ingest", "Client ingest ceiling: tokens per client CPU-second at 1 token per event",
-                  ["streams", "client", "tokens per client CPU-s", "vs baseline", "tokens/s (wall)", "vs baseline",
-                   "busy client / server"], rows, notes)
+    common.report(args.output, f"Client ingest ceiling: tokens per client CPU-second at {args.tokens_per_event} "
+                  "tokens per event",
+                  ["streams", "tokens/event", "client", "tokens per client CPU-s", "us CPU per token", "vs baseline",
+                   "tokens/s (wall)", "vs baseline", "busy client / server"], rows, notes)
 
 
 if __name__ == "__main__":
