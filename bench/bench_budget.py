@@ -140,7 +140,7 @@ def oracle(order, server_args, sh):
             break
         plan = common.mock_server.Plan(cfg, messages, sh["max_tokens"])
         if not (sh.get("drop") and plan.finish_reason == "length"):  # it knows the fates too
-            kept += len(plan.words)
+            kept += len(plan.words) + cfg.hidden_tokens  # in the server's units: usage counts the hidden ones
         responses += 1
     return kept, responses
 
@@ -153,6 +153,8 @@ def one_run(policy, seed, per_event, work, prompts, order, sh, args):
                    "--tokens-per-event", per_event]
     if sh.get("drop"):
         server_args += ["--truncate-share", sh["drop"]]
+    if args.hidden_tokens:
+        server_args += ["--hidden-tokens", args.hidden_tokens]
     if policy == "oracle":
         kept, responses = oracle(order, server_args, sh)
         b = sh["budget"]
@@ -212,6 +214,11 @@ def main(argv=None):
     ap.add_argument("--client-processes", type=int, default=0,
                     help="budgetgen's server.client_processes: its streams read in that many worker processes "
                          "(default 0: in the job's process)")
+    ap.add_argument("--hidden-tokens", type=int, default=0, metavar="N",
+                    help="the mock's --hidden-tokens: usage counts N tokens a response's stream never shows (a "
+                         "reasoning parser's tags, the stop token; ~7 with vLLM and SGLang); the oracle counts them")
+    ap.add_argument("--concurrency", type=int, default=PROD["concurrency"],
+                    help="requests in flight (default %(default)s, production's)")
     ap.add_argument("--load", type=int, default=0,
                     help="busy-loop processes kept running through every run: a loaded machine, where the client "
                          "handles finished responses in bursts (default 0)")
@@ -232,7 +239,8 @@ def main(argv=None):
     multiples = [float(x) for x in args.budget_means.split(",") if x.strip()] or [None]
     runs = [(p, n, m) for m in multiples for n in sizes for p in policies
             if p == "budgetgen" or args.baselines_every_size or n == sizes[0]]
-    shapes = {m: {**shape(scale, m), "drop": args.drop_share, "processes": args.client_processes} for m in multiples}
+    shapes = {m: {**shape(scale, m), "drop": args.drop_share, "processes": args.client_processes,
+                  "concurrency": args.concurrency} for m in multiples}
     sh = shapes[multiples[0]]
     args.sample_interval = 0.02 if scale >= 16 else 0.25
     if args.chunk_interval_s is None:
@@ -343,12 +351,19 @@ def main(argv=None):
     if args.client_processes:
         notes.append(f"budgetgen read its streams in {args.client_processes} worker processes "
                      "(server.client_processes): the rule sees their tokens in flight every 20 ms.")
+    if args.hidden_tokens:
+        notes.append(f"Hidden tokens: each response's usage counts {args.hidden_tokens} tokens its stream never shows "
+                     "(the mock's --hidden-tokens: a reasoning parser's consumed tags, the stop token, as vLLM and "
+                     "SGLang count them); the budget and the oracle count in the server's units (usage). Concurrency "
+                     f"{args.concurrency}" + (", no per-chunk usage (the client counts streamed text)"
+                                              if args.no_continuous_usage else "") + ".")
     if args.load:
         notes.append(f"Load: {args.load} busy-loop processes ran beside every run on this "
                      f"{os.cpu_count()}-core machine.")
     name = (("budget-means" if args.budget_means else "budget") + ("-drops" if args.drop_share else "")
             + (f"-load{args.load}" if args.load else "")
-            + (f"-w{args.client_processes}" if args.client_processes else ""))
+            + (f"-w{args.client_processes}" if args.client_processes else "")
+            + (f"-hidden{args.hidden_tokens}-mean{shapes[multiples[0]]['mean']:.0f}" if args.hidden_tokens else ""))
     common.report(name, "Budget accuracy and waste: budgetgen vs fixed count, cancel at budget, "
                         "finish in flight, oracle",
                   headers, rows, notes)

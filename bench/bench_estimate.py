@@ -34,7 +34,8 @@ from support.workflow import Workflow, base_config, wait_for, write_prompts  # n
 def before(journal, kept_left, keep_gate=None):
     """The estimate as it was: tokens over the latest run's whole span, the plain gate's keep share."""
     recs = estimate.tail_records(journal)
-    timed = sorted((float(r["created"]) + float(r["latency_s"]), r) for r in recs if r.get("created"))
+    timed = sorted(((float(r["created"]) + float(r["latency_s"]), r) for r in recs if r.get("created")),
+                   key=lambda x: x[0])
     run = [timed[-1]]
     for end, rec in reversed(timed[:-1]):
         if run[-1][0] - end > estimate.GAP_S:

@@ -269,18 +269,25 @@ def format_table(rows: Sequence[Remaining], expected_tokens_per_s: float | None,
                       f"{sum(r.requests for r in todo):,.0f}" if todo and all(r.requests for r in todo) else "?",
                       total_wall, total_gpu_h if todo else 0.0,
                       sum(sizes) if todo and None not in sizes else (0 if not todo else None)))
+    lines.append(footnote(todo, expected_tokens_per_s, gpus, total_wall is not None))
+    return "\n".join(lines)
+
+
+def footnote(todo: Sequence[Remaining], expected_tokens_per_s: float | None, gpus: int | None,
+             total_known: bool) -> str:
+    """The table's last line: where each rate comes from, how the lines add up, what the storage counts."""
     by_source = {}
     for r in todo:
         by_source.setdefault(None if r.tokens_per_s else r.source, []).append(r)
     sources = "; ".join([f"{r.dataset} {r.tokens_per_s:,.0f} tok/s from {r.source}" for r in by_source.pop(None, [])]
                         + [f"{', '.join(r.dataset for r in rs)}: {src}" for src, rs in by_source.items()])
+    rest = [r.dataset for r in todo if not r.tokens_per_s]
     adds = []
-    if measured:
+    if len(rest) < len(todo):
         adds.append("each measured dataset's wall at its own rate, beside the others' jobs on the server")
     if rest and expected_tokens_per_s:
-        adds.append(f"{', '.join(r.dataset for r in rest)} sharing the server's "
-                    f"{expected_tokens_per_s:,.0f} tok/s (their walls add up)")
-    if todo and total_wall is not None:
+        adds.append(f"{', '.join(rest)} sharing the server's {expected_tokens_per_s:,.0f} tok/s (their walls add up)")
+    if todo and total_known:
         adds.append("the total wall: the longest of these, as the jobs run at once")
     adds.append(f"GPU-hours: {gpus} GPUs x the total wall, split by tokens to generate" if gpus
                 else "GPU-hours need server.gpus or server.launch")
@@ -290,5 +297,4 @@ def format_table(rows: Sequence[Remaining], expected_tokens_per_s: float | None,
                     "their prompt tokens)")
     elif todo:
         adds.append("hidden states: prompt and completion tokens")
-    lines.append(f"budgetgen: (estimate; throughput: {sources or 'nothing left'}; {'; '.join(adds)})")
-    return "\n".join(lines)
+    return f"budgetgen: (estimate; throughput: {sources or 'nothing left'}; {'; '.join(adds)})"

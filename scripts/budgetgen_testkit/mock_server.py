@@ -178,8 +178,10 @@ class Plan:
         return (" ".join(VOCAB[i] for i in self.words[:r]), " ".join(VOCAB[i] for i in self.words[r:]))
 
 
-def usage(prompt_tokens, plan, with_reasoning):
-    n = len(plan.words) if plan.output_ids is None else len(plan.output_ids)
+def usage(prompt_tokens, plan, with_reasoning, hidden=0):
+    """The usage of a response: its generated tokens (words, or the tokenizer's ids), plus `hidden` tokens
+    the stream never shows (--hidden-tokens: the reasoning tags a reasoning parser consumes, the stop token)."""
+    n = (len(plan.words) if plan.output_ids is None else len(plan.output_ids)) + hidden
     u = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     if with_reasoning:
         u["completion_tokens_details"] = {"reasoning_tokens": plan.n_reasoning}
@@ -822,7 +824,7 @@ class MockServer:
             "id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}],
-            "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0),
+            "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0, self.cfg.hidden_tokens),
         }
         if plan.token_ids is not None:
             payload["choices"][0]["token_ids"] = plan.token_ids
@@ -855,10 +857,14 @@ class MockServer:
             n, ids = len(words), plan.output_ids
             cuts = [len(ids) * i // n for i in range(n + 1)]
 
+        hidden = self.cfg.hidden_tokens
+
         def running(c):  # continuous_usage_stats: the usage so far (tokens of c words), on every chunk (vLLM)
             if not continuous:
                 return b""
             k = c if cuts is None else cuts[c]
+            if hidden and c:  # the hidden tokens generated before these words; the stop token's at the end
+                k += hidden - 1 + (c == len(words))
             return usage_head + b'%d,"total_tokens":%d}' % (k, prompt_tokens + k)
         suffixes = None
         if plan.token_ids is not None:  # vLLM style: each chunk's choice carries its token ids
@@ -920,7 +926,8 @@ class MockServer:
                                                      "output_ids": None if output_ids is None else [output_ids]}}
             tail.append(b"data: " + json.dumps(ext, **_JSON).encode() + b"\n\n")
         if include_usage:
-            u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0)}
+            u = {**base, "choices": [], "usage": usage(prompt_tokens, plan, self.cfg.reasoning_share > 0,
+                                                       self.cfg.hidden_tokens)}
             tail.append(b"data: " + json.dumps(u, **_JSON).encode() + b"\n\n")
         tail.append(b"data: [DONE]\n\n")
         conn.write(chunk(b"".join(tail)) + b"0\r\n\r\n")
@@ -1019,6 +1026,10 @@ def build_parser():
                         "content, finish_reason stop (default 0)")
     g.add_argument("--reasoning-share", type=_probability, default=0.0,
                    help="share of each response's tokens sent as reasoning first (default %(default)s)")
+    g.add_argument("--hidden-tokens", type=int, default=0, metavar="N",
+                   help="tokens each response's usage.completion_tokens counts beyond the streamed ones (a reasoning "
+                        "parser's consumed tags, the stop token: ~7 with vLLM and SGLang); per-chunk usage counts "
+                        "N - 1 of them from the first chunk, the last with the last (default %(default)s)")
     g.add_argument("--engine", choices=sorted(RELEASED), default="vllm",
                    help="the released engine whose wire format of token ids, usage and reasoning to imitate: "
                         + ", ".join(f"{k} ({v['release']})" for k, v in RELEASED.items())
@@ -1090,6 +1101,8 @@ def parse_args(argv=None):
         ap.error("--sglang-return-ids needs --engine sglang")
     if cfg.tokens_per_event < 1:
         ap.error("--tokens-per-event must be at least 1")
+    if cfg.hidden_tokens < 0:
+        ap.error("--hidden-tokens must be at least 0")
     if cfg.sample_interval <= 0:
         ap.error("--sample-interval must be positive")
     if not 0 <= cfg.port <= 65535:

@@ -541,6 +541,19 @@ def test_tokens_per_event_with_a_token_rate_sends_an_event_when_its_last_token_i
     assert arrivals[0][1] < arrivals[1][1] < arrivals[2][1]
 
 
+def test_hidden_tokens_are_counted_by_usage_but_never_streamed(server):
+    """--hidden-tokens 7: usage counts 7 tokens more than the stream shows (a reasoning parser's consumed tags,
+    the stop token, as vLLM and SGLang count them); per-chunk usage has 6 of them from the first chunk on,
+    the last with the last words."""
+    base = server("--mean-tokens", 10, "--hidden-tokens", 7)
+    content, _, _, usage, _, _ = stream_chat(base, stream_options={"include_usage": True})
+    assert len(content.split()) == 10 and usage["completion_tokens"] == 17
+    assert chat(base).json()["usage"]["completion_tokens"] == 17
+    _, _, _, _, chunks, _ = stream_chat(base, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    counts = [ch["usage"]["completion_tokens"] for ch in chunks]
+    assert counts[0] == 0 and counts[1] == 1 + 6 and counts[-3] == 10 + 7 and counts[-1] == 17, counts
+
+
 @pytest.mark.parametrize("per_event", [1, 3])
 def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server, per_event):
     base = server("--mean-tokens", 10, "--tokens-per-event", per_event)
