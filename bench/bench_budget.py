@@ -173,14 +173,15 @@ def one_run(policy, seed, per_event, work, prompts, order, sh, args):
         common.stop_server(proc)
     busy, low, span = common.occupancy(st["timeline"], sh["concurrency"])
     b = sh["budget"]
+    generated = st["tokens_generated"] + args.hidden_tokens * responses  # the server's units, as usage counts
     return {
         "over_pct": 100.0 * (kept - b) / b,
-        "discard_pct": 100.0 * (st["tokens_generated"] - kept) / b,
+        "discard_pct": 100.0 * (generated - kept) / b,
         "abandoned_pct": 100.0 * st["tokens_abandoned"] / b,
         "low_pct": 100.0 * low,
         "busy_pct": 100.0 * busy,
         "span_s": span, "wall_s": wall, "responses": responses, "kept": kept,
-        "generated": st["tokens_generated"],
+        "generated": generated,
     }
 
 

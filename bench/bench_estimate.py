@@ -3,8 +3,8 @@
 
     .venv/bin/python bench/bench_estimate.py [--reps 3]
 
-Three cases, each a real snakemake run against the mock server (timer-paced: 100 tokens/s per stream, 8
-streams), then `-n`, then the run that finishes the budget, whose inference job's wall (its done marker's
+Three cases, each a real snakemake run against the mock server (timer-paced: 100 tokens/s per stream, 4
+per event, 8 streams), then `-n`, then the run that finishes the budget, whose inference job's wall (its done marker's
 wall_s) is what the estimate is held against:
   raised   a finished run (budget 4,000) whose budget is raised to 16,000: its journal ends with a drain;
   killed   a run of 16,000 killed with kill -9 after 200 records, then resumed;
@@ -56,7 +56,7 @@ def estimate_cells(output):
 
 
 def one(case, work, tok):
-    args = ["--mean-tokens", "20", "--tokens-per-s", "100", "--reasoning-share", "0.3"]
+    args = ["--mean-tokens", "20", "--tokens-per-s", "100", "--reasoning-share", "0.3", "--tokens-per-event", "4"]
     dataset = {"prompts": "p.jsonl"}
     if case == "mixture":
         args = ["--length-dist", "lognormal", "--sigma", "0.5", *args]

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 TAIL_BYTES = 4 << 20
 GAP_S = 120.0
 FULL_SHARE = 0.9  # "full concurrency": at least this share of the most requests a run had in flight at once
+IDLE_S = 1.0  # nothing in flight this long: one job ended, another (a rerun, a resume) began
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,20 @@ def tail_records(path: str | os.PathLike, limit: int = TAIL_BYTES) -> list[dict[
 
 
 def full_concurrency_rate(spans: Sequence[tuple[float, float, int]], share: float = FULL_SHARE) -> float | None:
-    """Completion tokens/s of a run between the first and the last moment at least `share` of its most
-    requests in flight at once were in flight: each span (start, end, tokens) spreads its tokens evenly
+    """Completion tokens/s of the latest job (after the last IDLE_S with nothing in flight: a raised budget's
+    rerun minutes after the first run is another job) between the first and the last moment at least `share`
+    of its most requests in flight at once were in flight: each span (start, end, tokens) spreads its tokens evenly
     over its latency; the ramp before and the drain after (fewer in flight) are left out, the moments in
     between when a finished request was not yet replaced are kept (the run that follows has them too).
     None without such a stretch of time."""
     events = sorted([(a, 1, n / (b - a)) for a, b, n in spans if b > a]
                     + [(b, -1, n / (b - a)) for a, b, n in spans if b > a])
+    busy, start = 0, 0  # the latest job: after the last stretch of IDLE_S with nothing in flight (runs apart)
+    for i, (t, step, _) in enumerate(events):
+        busy += step
+        if not busy and i + 1 < len(events) and events[i + 1][0] - t >= IDLE_S:
+            start = i + 1
+    events = events[start:]
     busy, peak = 0, 0
     for _, step, _ in events:
         busy += step

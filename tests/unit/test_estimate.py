@@ -15,6 +15,9 @@ def test_the_rate_is_the_one_at_full_concurrency_not_the_drain():
     assert estimate.full_concurrency_rate(spans) == pytest.approx(400.0)
     # the whole span's average, which the estimate used before, reads 250 tok/s (5,000 tokens / 20 s)
     assert sum(n for _, _, n in spans) / 20.0 == pytest.approx(250.0)
+    # an earlier job 30 s before (a first run, then the budget raised): the latest job's rate, not the gap's
+    earlier = [(t - 40.0, t - 39.0, 100) for s in range(8) for t in range(10)]
+    assert estimate.full_concurrency_rate(earlier + spans) == pytest.approx(400.0)
 
 
 def record(start, latency, tokens, cell="default", flags=(), prompt=10):

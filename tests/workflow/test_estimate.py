@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from budgetgen import estimate
 from support.workflow import Workflow, base_config, wait_for, write_prompts
 
 pytestmark = pytest.mark.slow
@@ -26,23 +27,45 @@ def seconds(cell_value, unit):
 
 
 def estimated_then_run(wf, dataset="D"):
-    """(the wall `-n` estimates for the dataset's remaining work, the estimate's table line, the wall of
-    the inference job that follows (its done marker), its state)."""
+    """(the wall `-n` estimates for the dataset's remaining work, the estimate's table line, the rate it
+    read, the done marker of the inference job that follows, that run's own rate at full concurrency)."""
     dry = wf.run("-n", "all")
     cells = estimate_line(dry.output, dataset)
     estimated = seconds(cells[5], cells[6])
-    assert "at full concurrency" in dry.output, dry.output[-3000:]
+    rate = re.search(rf" {dataset} ([\d,]+) tok/s from its journal \(\d+ latest records, at full concurrency\)",
+                     dry.output)
+    assert rate, dry.output[-3000:]
+    before = len(wf.records(dataset))
     wf.run("--cores", "2", "all")
     done = json.loads(wf.path("results", dataset, "inference.done").read_text())
-    print(f"estimated {estimated:.1f} s, measured {done['wall_s']:.1f} s "
-          f"({(estimated - done['wall_s']) / done['wall_s']:+.1%})")
-    return estimated, cells, done
+    new = wf.records(dataset)[before:]
+    pace = estimate.full_concurrency_rate([(r["created"], r["created"] + r["latency_s"],
+                                            r["usage"]["completion_tokens"]) for r in new])
+    print(f"estimated {estimated:.1f} s at {rate.group(1)} tok/s, measured {done['wall_s']:.1f} s at {pace:,.0f} "
+          f"tok/s ({(estimated - done['wall_s']) / done['wall_s']:+.1%})")
+    return estimated, cells, float(rate.group(1).replace(",", "")), done, pace
+
+
+def holds_within_15_percent(wf, prepare, attempts=3):
+    """prepare(attempt) leaves work for the next run; then the estimate must be within 15 % of that run's
+    wall. The premise, checked: the machine ran the two runs at the same pace (the run's own rate at full
+    concurrency within 10 % of the rate the estimate read): a loaded machine that sped up or slowed down
+    between them says nothing of the estimate, so the pair is measured again with more budget."""
+    for attempt in range(attempts):
+        prepare(attempt)
+        estimated, cells, rate, done, pace = estimated_then_run(wf)
+        assert done["state"] == "met"
+        if abs(pace / rate - 1) <= 0.10:
+            assert abs(estimated - done["wall_s"]) <= 0.15 * done["wall_s"], (estimated, done["wall_s"])
+            return cells
+    raise AssertionError(f"the machine's pace changed between the runs in {attempts} attempts (last: {rate:,.0f} "
+                         f"then {pace:,.0f} tok/s)")
 
 
 def timed_workflow(tmp_path, server, tokenizer, n_prompts, budget, **dataset):
     """A dataset D against a timer-paced mock: 20-token responses at 100 tokens/s per stream, 8 streams
-    (~800 tokens/s), so the client's CPU (and a loaded machine) does not set the pace."""
-    srv = server("--mean-tokens", "20", "--tokens-per-s", "100", "--reasoning-share", "0.3")
+    (~800 tokens/s), 4 tokens per event (a stream interval), so the client's CPU does not set the pace."""
+    srv = server("--mean-tokens", "20", "--tokens-per-s", "100", "--reasoning-share", "0.3", "--tokens-per-event", "4")
     wd = tmp_path / "work"
     write_prompts(wd / "p.jsonl", n_prompts)
     cfg = base_config(srv.base_url, tokenizer, {"D": {"prompts": "p.jsonl", **dataset}}, token_budget=budget,
@@ -58,25 +81,25 @@ def raise_budget(wf, budget):
 def test_a_finished_run_whose_budget_is_raised_is_estimated_at_full_concurrency(tmp_path, server, tiny_tokenizer):
     """The finished run's journal ends with its drain (few requests in flight): the rate at full
     concurrency, not the whole run's average, gives the run that follows within 15 %."""
-    wf = timed_workflow(tmp_path, server, tiny_tokenizer, 2000, 4000)
+    wf = timed_workflow(tmp_path, server, tiny_tokenizer, 5000, 4000)
     wf.run("--cores", "2", "all")
-    raise_budget(wf, 16000)
-    estimated, cells, done = estimated_then_run(wf)
-    assert cells[2:4] == ["12,000", "12,000"], cells  # kept tokens left, to generate
+    cells = holds_within_15_percent(wf, lambda attempt: raise_budget(wf, 16000 + 12000 * attempt))
+    assert cells[2:4] == ["12,000", "12,000"] or cells[2] == cells[3], cells  # kept tokens left = to generate
     assert 500 <= int(cells[4].replace(",", "")) <= 700  # requests at the journal's mean length of 20
-    assert done["state"] == "met"
-    assert abs(estimated - done["wall_s"]) <= 0.15 * done["wall_s"], (estimated, done["wall_s"])
 
 
 def test_a_killed_run_resumed_is_estimated_within_15_percent(tmp_path, server, tiny_tokenizer):
-    wf = timed_workflow(tmp_path, server, tiny_tokenizer, 2000, 16000)
-    proc = wf.start("--cores", "2", "all")
-    wait_for(lambda: len(wf.journal_lines("D")) >= 200, timeout=120, what="200 records journaled")
-    wf.killpg(proc)  # kill -9 of the run, mid-inference: its journal has no drain
-    wf.run("--unlock")
-    estimated, cells, done = estimated_then_run(wf)
-    assert done["state"] == "met"
-    assert abs(estimated - done["wall_s"]) <= 0.15 * done["wall_s"], (estimated, done["wall_s"])
+    wf = timed_workflow(tmp_path, server, tiny_tokenizer, 5000, 16000)
+
+    def killed(attempt):  # kill -9 of the run mid-inference: its journal has no drain
+        raise_budget(wf, 16000 + 16000 * attempt)
+        n = len(wf.journal_lines("D"))
+        proc = wf.start("--cores", "2", "all")
+        wait_for(lambda: len(wf.journal_lines("D")) >= n + 200, timeout=120, what="200 more records journaled")
+        wf.killpg(proc)
+        wf.run("--unlock")
+
+    holds_within_15_percent(wf, killed)
 
 
 def test_a_mixture_whose_think_cell_drops_responses_is_estimated_at_each_cells_keep_share(
@@ -84,9 +107,9 @@ def test_a_mixture_whose_think_cell_drops_responses_is_estimated_at_each_cells_k
     """think: max_tokens 20 on lognormal lengths of mean 20 cuts ~40 % of its responses, which its gate
     drops; nothink keeps all. The tokens to generate count each cell's keep share, and the run follows."""
     srv = server("--length-dist", "lognormal", "--mean-tokens", "20", "--sigma", "0.5", "--tokens-per-s", "100",
-                 "--reasoning-share", "0.3")
+                 "--reasoning-share", "0.3", "--tokens-per-event", "4")
     wd = tmp_path / "work"
-    write_prompts(wd / "p.jsonl", 3000)
+    write_prompts(wd / "p.jsonl", 8000)
     mixture = {"think": {"share": 0.5, "max_tokens": 20, "quality": {"truncated": "drop"},
                          "extra_body": {"chat_template_kwargs": {"enable_thinking": True}}},
                "nothink": {"share": 0.5, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}}
@@ -99,12 +122,11 @@ def test_a_mixture_whose_think_cell_drops_responses_is_estimated_at_each_cells_k
     tokens = [r["usage"]["completion_tokens"] for r in think]
     keep = sum(n for n, c in zip(tokens, cut) if not c) / sum(tokens)  # of the tokens: the cut ones are longer
     raise_budget(wf, 16000)
-    estimated, cells, done = estimated_then_run(wf)
+    cells = estimate_line(wf.run("-n", "all").output, "D")
     kept_left, generate = (int(c.replace(",", "")) for c in cells[2:4])
     # the think cell's half of what is left needs 1 / keep of it generated, the nothink half itself
     assert generate == pytest.approx(kept_left / 2 + kept_left / 2 / keep, rel=0.05), (kept_left, generate, keep)
-    assert done["state"] == "met"
-    assert abs(estimated - done["wall_s"]) <= 0.15 * done["wall_s"], (estimated, done["wall_s"])
+    holds_within_15_percent(wf, lambda attempt: raise_budget(wf, 16000 + 12000 * attempt))
 
 
 def test_an_exhausted_dataset_shows_no_work(tmp_path, server, tiny_tokenizer):
