@@ -91,8 +91,11 @@ def one(case, work, tok):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3, help="runs of each case (default %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="one run of each case")
     ap.add_argument("--cases", default="raised,killed,mixture")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.reps = 1
     work = Path(tempfile.mkdtemp(prefix="bench-estimate-"))
     rows = []
     try:
