@@ -39,11 +39,14 @@ def estimated_then_run(wf, dataset="D"):
     wf.run("--cores", "2", "all")
     done = json.loads(wf.path("results", dataset, "inference.done").read_text())
     new = wf.records(dataset)[before:]
-    pace = estimate.full_concurrency_rate([(r["created"], r["created"] + r["latency_s"],
-                                            r["usage"]["completion_tokens"]) for r in new])
-    print(f"estimated {estimated:.1f} s at {rate.group(1)} tok/s, measured {done['wall_s']:.1f} s at {pace:,.0f} "
-          f"tok/s ({(estimated - done['wall_s']) / done['wall_s']:+.1%})")
-    return estimated, cells, float(rate.group(1).replace(",", "")), done, pace
+    spans = [(r["created"], r["created"] + r["latency_s"], r["usage"]["completion_tokens"]) for r in new]
+    pace = estimate.full_concurrency_rate(spans)
+    # what the estimate's wall is: the generation, from the run's first request to its last response (the
+    # job's start-up, seconds of loading and checking the server, is not in it)
+    took = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
+    print(f"estimated {estimated:.1f} s at {rate.group(1)} tok/s, generated in {took:.1f} s at {pace:,.0f} tok/s "
+          f"({(estimated - took) / took:+.1%}; the job's wall {done['wall_s']:.1f} s)")
+    return estimated, cells, float(rate.group(1).replace(",", "")), done, pace, took
 
 
 def holds_within_15_percent(wf, prepare, attempts=3):
@@ -53,10 +56,10 @@ def holds_within_15_percent(wf, prepare, attempts=3):
     between them says nothing of the estimate, so the pair is measured again with more budget."""
     for attempt in range(attempts):
         prepare(attempt)
-        estimated, cells, rate, done, pace = estimated_then_run(wf)
+        estimated, cells, rate, done, pace, took = estimated_then_run(wf)
         assert done["state"] == "met"
         if abs(pace / rate - 1) <= 0.10:
-            assert abs(estimated - done["wall_s"]) <= 0.15 * done["wall_s"], (estimated, done["wall_s"])
+            assert abs(estimated - took) <= 0.15 * took, (estimated, took)
             return cells
     raise AssertionError(f"the machine's pace changed between the runs in {attempts} attempts (last: {rate:,.0f} "
                          f"then {pace:,.0f} tok/s)")
