@@ -79,15 +79,18 @@ def one(case, work, tok):
             wf.run("--cores", "2", "all")
             wf.config["generation"]["token_budget"] = 16000
             wf.write_config()
-        est, kept_left = estimate_cells(wf.run("-n", "all").output)
+        dry = wf.run("-n", "all").output
+        est, kept_left = estimate_cells(dry)
+        rate = float(re.search(r" D ([\d,]+) tok/s from its journal", dry).group(1).replace(",", ""))
         gate = None if case == "mixture" else (lambda r: True)
         old = before(wf.path("results", "D", "journal.jsonl"), kept_left, gate)
         before_n = len(wf.records("D"))
         wf.run("--cores", "2", "all")
         assert json.loads(wf.path("results", "D", "inference.done").read_text())["state"] == "met"
         new = wf.records("D")[before_n:]  # the generation: its first request to its last response
-        wall = max(r["created"] + r["latency_s"] for r in new) - min(r["created"] for r in new)
-        return est, old, wall
+        spans = [(r["created"], r["created"] + r["latency_s"], r["usage"]["completion_tokens"]) for r in new]
+        wall = max(b for _, b, _ in spans) - min(a for a, _, _ in spans)
+        return est, old, wall, estimate.full_concurrency_rate(spans) / rate
     finally:
         common.stop_server(proc)
 
@@ -108,26 +111,34 @@ def main(argv=None):
 
         build_tokenizer(tok, [CORPUS], vocab_size=512)
         for case in a.cases.split(","):
-            errs, olds, walls = [], [], []
+            errs, olds, walls, paces = [], [], [], []
             for k in range(a.reps):
                 d = work / f"{case}-{k}"
-                est, old, wall = one(case, d, tok)
+                est, old, wall, pace = one(case, d, tok)
                 errs.append((est - wall) / wall)
                 olds.append((old - wall) / wall)
                 walls.append(wall)
-                print(f"{case} {k + 1}: estimated {est:.1f} s, before {old:.1f} s, measured {wall:.1f} s", flush=True)
+                paces.append(pace)
+                print(f"{case} {k + 1}: estimated {est:.1f} s, before {old:.1f} s, measured {wall:.1f} s, "
+                      f"the run's pace {pace:.2f}x the estimate's", flush=True)
                 shutil.rmtree(d, ignore_errors=True)
-            worst = max(errs, key=abs)
-            rows.append([case, f"{common.median(walls):.1f}", f"{common.median(errs):+.1%}", f"{worst:+.1%}",
-                         f"{common.median(olds):+.1%}", "yes" if all(abs(e) <= 0.15 for e in errs) else "NO"])
+            held = [e for e, p in zip(errs, paces) if abs(p - 1) <= 0.10]  # the machine's pace unchanged
+            worst = max(held, key=abs) if held else None
+            rows.append([case, f"{common.median(walls):.1f}", f"{common.median(errs):+.1%}",
+                         f"{worst:+.1%}" if held else "-", f"{len(held)} of {len(errs)}",
+                         f"{common.median(olds):+.1%}",
+                         "yes" if held and all(abs(e) <= 0.15 for e in held) else "NO"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     common.report("estimate", "The cost estimate against the run that follows",
-                  ["case", "generation s (median)", "estimate error (median)", "worst", "before (median)",
-                   "within 15 %"], rows,
+                  ["case", "generation s (median)", "estimate error (median)", "worst (pace held)",
+                   "runs at the same pace", "before (median)", "within 15 %"], rows,
                   notes=[f"{a.reps} runs per case on the mock (100 tok/s per stream, 4 per event, 8 streams); error = "
                          "(estimated - measured) / measured of the run's generation time (its first request to its "
-                         "last response).",
+                         "last response). The premise of a pair: the machine ran both runs at the same pace (the "
+                         "run's own rate at full concurrency within 10 % of the rate the estimate read); on a loaded "
+                         "machine a pair without it says nothing of the estimate: its error is in the median, not in "
+                         "the worst or the verdict.",
                          "How the table's lines add up (budgetgen.estimate.format_table): each measured dataset's "
                          "wall at its own rate beside the others' jobs, the total the longest of them; datasets "
                          "without a journal share server.expected_tokens_per_s (their walls add up); GPU-hours "
