@@ -269,3 +269,9 @@ def test_the_local_steps_are_the_rules_marked_localrule():
     local = {name for _, name, body in rule_blocks() if re.search(r"^    localrule: True$", body, re.M)}
     assert local == set(cluster.LOCAL_STEPS)
     assert {"inference", "tokenize"}.isdisjoint(local)  # the work a node is for
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir, no __init__.py): two of one name break collection."""
+    names = [p.name for p in (REPO / "tests").rglob("test_*.py")]
+    assert not sorted({n for n in names if names.count(n) > 1})
