@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from .forecast import human_bytes
 from .mixture import DEFAULT_CELL
 from .quality import record_flags
+from .state import EXHAUSTED, MET
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -183,8 +184,6 @@ def remaining(s: InferenceSettings, rows: Sequence[tuple], expected_tokens_per_s
     """The remaining work of the dataset of `s`, from its status rows (budgetgen.state.status_rows: the
     dataset's, then one per lane of a mixture or validation split: name, kept tokens, budget, left,
     responses, state). A dataset or lane whose state is met or exhausted has no work left that can run."""
-    from .state import EXHAUSTED, MET
-
     def runs(state: str) -> bool:
         return not state.startswith((MET, EXHAUSTED))
 
