@@ -9,6 +9,7 @@ from snakemake.settings.enums import Quietness
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
 from budgetgen import cluster, configcheck, estimate, failures, settings, state, status  # noqa: E402
+from budgetgen.paths import DatasetPaths  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
 # datasets with an on-policy validation split (budgetgen.mixture): results/D/validation.arrow
@@ -80,14 +81,14 @@ def earlier_prompts(wildcards):
 
 
 def paths(dataset):
-    return settings.DatasetPaths.of(config, dataset)
+    return DatasetPaths.of(config, dataset)
 
 
 def path_of(name):
     """A dataset file's pattern, e.g. results/{dataset}/raw_responses.jsonl: written once, in
-    budgetgen.settings.DatasetPaths.PATTERNS; a rule names its inputs and outputs by these fields, and
+    budgetgen.DatasetPaths.PATTERNS; a rule names its inputs and outputs by these fields, and
     its script receives them (--path NAME=FILE) instead of finding them itself."""
-    return settings.DatasetPaths.PATTERNS[name]
+    return DatasetPaths.PATTERNS[name]
 
 
 def source_config(dataset):

@@ -4,6 +4,7 @@ One module per concern:
   errors       UserError, the one-line error every entry point prints
   failures     a failed job's one-line cause, recorded by the job and said last by onerror
   fsutil       atomic writes
+  paths        where a dataset's files live (DatasetPaths)
   configcheck  config checks the Snakefile runs before any job (duplicate keys, schema errors, files, budgets)
   settings     typed settings built once from the validated config (defaults only from the schema)
   configfile   the config file read outside Snakemake (load_config, --config FILE --dataset D)
@@ -12,12 +13,15 @@ One module per concern:
   identity     every fingerprint (identity, layout, content key), the content keys, what a settings change does
   mixture      mixture cells and the validation split: lanes, budget lines, how prompts are claimed
   quality      the quality gate: a response's facts (its journaled flags) and each cell's keep/flag/drop
+  degenerate   degenerate output a broken server sends with HTTP 200: loops, U+FFFD, leaked special tokens
+  breaker      per endpoint, its last responses' server faults: a server gone bad cut off, its responses blamed
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   prompts_check  every prompts file read at parse time: its first bad line, worker processes, a cache
   conversations  how prompts become generations: turns, samples, their ids, history, what is left
   sources      prompt sets from Hugging Face `datasets` sources, imported as a prompts.jsonl
-  journal      the append-only response journal and errors.jsonl: the format, every reader, JournalFollower
+  journal      the append-only response journal and errors.jsonl: the format, every reader, the blame file
+  journal_follow  JournalFollower: a journal read incrementally while a run appends (watch)
   journal_write  writing them: record, line, lock, writer, torn-tail repair (journal re-exports them)
   budget       the dispatch rule that stops at the token budget
   lengths      the completion-length model the rule reads (what a request in flight will count)
@@ -32,7 +36,8 @@ One module per concern:
   plan         what an inference job finds and has left to ask: prepare(), RunState, the dispatch order
   progress     StreamProgress, rates, the progress lines (log, terminal; shared with watch)
   retries      one request's attempts, permanent errors held until proved the prompts', prove_server
-  inference    the dispatch loop tying plan, budget, client and journal together; the outcome
+  inference    the dispatch loop tying plan, budget, client and journal together
+  outcome      how a job ends: met/exhausted/partial (the done marker), a signal, responses that are not data
   status       budget status of a dataset (the checkpoint's content)
   estimate     what the remaining work costs before it starts: wall time, GPU-hours, storage (-n prints it)
   state        a dataset's state (fresh, partial, met, exhausted, refused), defined once

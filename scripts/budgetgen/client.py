@@ -83,7 +83,9 @@ class ChatClient:
         ep = await self.pool.acquire(affinity)
         st = self.watchdog.watch(ep)
         try:
-            return await self._chat(ep, st, messages, params, on_token, want_ids)
+            res = await self._chat(ep, st, messages, params, on_token, want_ids)
+            res.endpoint = ep.base_url
+            return res
         except asyncio.CancelledError:
             # The watchdog's cancel becomes a retry; any other cancel (a signal, the end of the run) is
             # honoured, also when it lands in the same loop turn as the watchdog's (two cancels, one

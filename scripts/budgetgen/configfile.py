@@ -69,7 +69,7 @@ def snakemake_paths(*named: Namedlist) -> list[str]:
     """The `--path NAME=FILE` argv of a rule's named inputs and outputs (snakemake's Namedlists) that are
     files of a dataset (settings.DatasetPaths' fields): the files the script reads and writes are the
     rule's declared ones."""
-    from .settings import DatasetPaths
+    from .paths import DatasetPaths
 
     fields = set(DatasetPaths.__dataclass_fields__) - {"dataset"}
     argv = []

@@ -107,6 +107,7 @@ class Endpoint:
         self.max_inflight = max_inflight  # 0 = no cap of its own
         self.inflight = 0
         self.healthy = True
+        self.retired = None  # why the breaker cut it off (budgetgen.breaker): no request goes there again
         self.requests = 0
         self.last_byte = time.monotonic()  # when a stream of this endpoint last received a line
         self.probing = None  # a liveness probe in progress (the watchdog's)
@@ -134,9 +135,9 @@ class EndpointPool:
         """The endpoint the next request goes to, or None if every one is at its cap (or, for an
         affinity key, its own endpoint is: the request waits for room there)."""
         own = self.affinity.get(key) if key is not None else None
-        if own is not None and own.healthy:
+        if own is not None and own.healthy and own.retired is None:
             return own if own.has_room() else None
-        ready = [e for e in self.endpoints if e.has_room()]
+        ready = [e for e in self.endpoints if e.has_room() and e.retired is None]
         healthy = [e for e in ready if e.healthy]
         pool = healthy or ready
         return min(pool, key=lambda e: e.inflight) if pool else None  # min() keeps config order on ties
@@ -153,6 +154,22 @@ class EndpointPool:
             if key is not None and len(self.endpoints) > 1:
                 self.affinity[key] = ep
             return ep
+
+    @property
+    def serving(self) -> list[Endpoint]:
+        """The endpoints not retired."""
+        return [e for e in self.endpoints if e.retired is None]
+
+    def retire(self, url: str, why: str) -> None:
+        """The breaker cut `url` off: no request goes there again in this job (a request waiting for room
+        there goes elsewhere)."""
+        for e in self.endpoints:
+            if e.base_url == url and e.retired is None:
+                e.retired = why
+                log.info(f"endpoint {url} cut off: {why}; no more requests go there")
+                task = self.probes.pop(e, None)
+                if task is not None:
+                    task.cancel()
 
     def forget(self, key: str) -> None:
         """The conversation `key` is finished: no endpoint to keep for it."""
@@ -179,7 +196,7 @@ class EndpointPool:
                 await probe(ep)
             except UserError:
                 continue
-            ep.healthy = True
+            ep.healthy = ep.retired is None
             self.probes.pop(ep, None)
             log.info(f"endpoint {ep.base_url} back in service")
             async with self.room:

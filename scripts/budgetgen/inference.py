@@ -20,7 +20,9 @@ The pieces, one module per concern: budgetgen.plan (prepare(), RunState: what th
 left to ask, the dispatch order), budgetgen.retries (RequestRetries: one prompt's attempts, backoff and
 the unreachable deadline; PermanentErrors: held until a success proves them the prompts', a streak of
 identical ones is the server's), budgetgen.progress (RunStats, the progress lines, shared with watch),
-and here InferenceJob (the dispatch loop, signals) and finish() (the outcome and the done marker).
+budgetgen.breaker (the breaker: an endpoint whose responses went bad cut off, its responses blamed),
+budgetgen.outcome (finish(): the outcome and the done marker; the failures of a server that makes no
+data), and here InferenceJob (the dispatch loop, signals).
 Messages go to the standard `logging` logger of this module.
 """
 
@@ -33,19 +35,16 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from . import conversations, journal, quality
-from .budget import overshoot_pct
+from . import journal
+from .breaker import Blame, Breaker, Response
 from .client import ChatClient
 from .errors import UserError
-from .failures import note_cause
-from .fsutil import write_json_atomic
 from .launch import LaunchedServer
+from .outcome import EXIT_SIGNAL, finish, keep_failure, release, server_broken, stopped
 from .plan import Generation, prepare
 from .progress import JobProgress, RunStats, StreamProgress
 from .retries import PermanentErrors, RequestRetries, ServerDown, prove_server
 from .settings import InferenceSettings
-from .state import lanes_state
-from .status import compute_status
 from .stream_workers import StreamWorkers
 from .streams import PermanentError, TransientError
 
@@ -56,9 +55,6 @@ if TYPE_CHECKING:
     from .streams import ChatResult
 
 log = logging.getLogger(__name__)
-
-EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
-
 
 class InferenceJob:
     """One dataset's inference: the dispatch loop over its lanes, signals, and the counts it journals."""
@@ -72,7 +68,7 @@ class InferenceJob:
         self.last_ok = time.monotonic()
         self.stats = RunStats()
         self.lock = self.run_state = self.errors = self.progress = self.stop_signal = None
-        self.client = self.server = self.writer = self.wake = None
+        self.client = self.server = self.writer = self.wake = self.blame = None
 
     async def run_one(self, gen: Generation, progress: StreamProgress) -> None:
         """Ask one generation (its attempts: ask()) and journal its response."""
@@ -91,15 +87,21 @@ class InferenceJob:
         rs, chain, gid = self.run_state, gen.chain, gen.id
         self.last_ok = time.monotonic()
         rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, attempts,
-                                      {**lr.where(), **chain.where(gen.k)}, self.s.reasoning_tags)
+                                      {**lr.where(), **chain.where(gen.k)}, self.s.reasoning_tags,
+                                      self.s.special_tokens)
         self.writer.append(rec)
+        tokens = int(res.usage.get("completion_tokens") or 0)
+        fate = lr.cell.gate.fate(rec["flags"], tokens)
+        self.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
+        response = Response(gen, lr, rec, tokens, fate)
+        if self.blame.judge(response, res.endpoint):  # blamed on the server: counts nowhere, asked again
+            return
         if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue
             lr.queue.appendleft(Generation(chain, gen.k + 1, rec, lane=lr.key))
         else:
             self.client.pool.forget(chain.id)
-        tokens = int(res.usage.get("completion_tokens") or 0)
-        rs.count(lr, gid, tokens, lr.cell.gate.fate(rec["flags"], tokens))
-        self.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
+        rs.count(lr, gid, tokens, fate)
+        self.blame.counts(response)
         self.errors.success()
 
     def fail(self, exc: Exception) -> None:
@@ -122,6 +124,7 @@ class InferenceJob:
         if not any(lr.tokens < lr.lane.budget and (lr.queue or rs.pool[lr.lane.split]) for lr in rs.lanes.values()):
             return finish(self)
         self.client, self.server = connect(s)
+        self.blame = Blame(Breaker(*s.breaker), rs, self.client.pool, s.paths.journal)
         loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         for sig in EXIT_SIGNAL:
@@ -173,6 +176,11 @@ class InferenceJob:
         while self.stop_signal is None:
             if self.failed is not None:
                 raise self.failed
+            if self.blame.none_left:
+                raise UserError(server_broken(self))
+            why = keep_failure(self, final=False)
+            if why:
+                raise UserError(why)
             while len(self.inflight) < s.concurrency:
                 gen = rs.next_generation(self.generated_in_flight)
                 if gen is None:
@@ -197,18 +205,6 @@ class InferenceJob:
                     raise UserError(str(exc))
                 if exc is not None:
                     raise exc
-
-    def close(self) -> None:
-        """Rewrite the status checkpoint's file with the journal's counts as this run leaves it (the
-        checkpoint wrote it before the run, and never runs again for it), then release the journal."""
-        if not self.lock:
-            return
-        try:
-            write_json_atomic(self.s.paths.status, compute_status(self.s))
-        except Exception as exc:  # never hide why the run ended; the next checkpoint run recounts
-            log.info(f"budget status not rewritten ({self.s.paths.status}): {exc}")
-        finally:
-            self.lock.release()
 
 
 async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]],
@@ -251,20 +247,6 @@ async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[di
         return res, retries.attempts + 1
 
 
-def stopped(job: InferenceJob) -> int:
-    """The run stopped by a signal: what is held is flushed, the cause noted; the signal's exit status."""
-    rs, name = job.run_state, signal.Signals(job.stop_signal).name
-    if rs.journaled.records:
-        job.errors.flush()
-    log.info(job.progress.line())
-    job.progress.to_terminal(f"stopped by {name}")
-    log.info(f"Stopped by {name}: journal flushed ({rs.journaled.records} responses, {rs.journaled.tokens} tokens); "
-             "rerun to resume")
-    note_cause(f"stopped by {name} (scancel, a time limit, preemption or Ctrl-C) at {rs.journaled.tokens} tokens, "
-               "journal flushed; rerun to resume")
-    return EXIT_SIGNAL[job.stop_signal]
-
-
 def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
     """(client, launched server or None) of a job: the server it launches with server.launch; the API key
     from the environment."""
@@ -295,67 +277,9 @@ def log_endpoint_requests(client: ChatClient) -> None:
         log.info("Requests per endpoint: " + ", ".join(f"{e.base_url} {e.requests}" for e in client.pool.endpoints))
 
 
-def finish(job: InferenceJob) -> int:
-    """The run's outcome: met, exhausted or partial by its lanes; the done marker only for met or exhausted
-    (0), 1 when requests still fail or the budget is short; no response at all is the server's failure."""
-    s, rs, stats = job.s, job.run_state, job.stats
-    st = rs.journaled
-    lanes = {k: {"tokens": lr.tokens, "budget": lr.lane.budget, "responses": lr.records,
-                 "generated_tokens": lr.generated_tokens, "dropped": dict(lr.dropped),
-                 "exhausted": not job.deferred and lr.nothing_left(st.ids, rs.pool[lr.lane.split])}
-             for k, lr in rs.lanes.items()}
-    state = lanes_state(lanes)
-    met = state == "met"
-    left = conversations.left(rs.chains, st.ids, rs.errored)
-    log.info(job.progress.line())
-    if job.deferred and not met:  # with the budget met, a deferred prompt is simply not needed
-        if st.records:
-            job.errors.flush()
-        log.info(f"{len(job.deferred)} requests still failing after {s.max_retries} retries; rerun to retry them")
-        job.progress.to_terminal(f"partial: {len(job.deferred)} requests still failing; rerun")
-        note_cause(f"{len(job.deferred)} requests still failing after {s.max_retries} retries "
-                   "(server.max_retries); their errors are in the log; rerun to retry them")
-        return 1
-    if state == "exhausted" and st.records == 0:
-        # errors alone never make a dataset "exhausted": without one response there is no proof
-        # that the prompts, not the server or the settings, are at fault (nothing is recorded)
-        first = job.errors.first()
-        why = f" (first: {first['id']}: HTTP {first['status']}: {first['error']})" if first else ""
-        raise UserError(f"no response from the server for any prompt: {stats.errors} failed permanently "
-                        f"in this run{why}; nothing recorded; fix the server or settings and rerun")
-    job.errors.flush()
-    dropped = (f" (generated {st.generated_tokens}; dropped by the quality gate: {quality.dropped_text(st.dropped)})"
-               if st.dropped else "")
-    log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses{dropped}, budget {s.budget} "
-             f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} tokens, "
-             f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
-             + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
-                f"{left.chains_ended_by_error} ended by an error" if s.plan.turns == "all" else ""))
-    if len(lanes) > 1:
-        log.info("Lanes: " + "; ".join(
-            f"{k}: {v['tokens']}/{v['budget']} ({overshoot_pct(v['tokens'], v['budget']):+.3f}%), "
-            f"{v['responses']} responses" + (f" (dropped {quality.dropped_text(v['dropped'])})" if v["dropped"] else "")
-            + f", {lanes_state({k: v})}" for k, v in lanes.items()))
-    job.progress.to_terminal(f"done: {state}")
-    if state == "partial":
-        note_cause(f"stopped short of the budget at {st.tokens} of {s.budget} tokens (partial); rerun to resume")
-        return 1
-    write_json_atomic(s.paths.done, {
-        "dataset": s.dataset, "state": state, "tokens": st.tokens, "generated_tokens": st.generated_tokens,
-        "dropped": dict(st.dropped), "responses": st.records,
-        "budget": s.budget, "prompts": len(rs.prompt_ids), "conversations": len(rs.chains),
-        "conversations_ended_by_error": left.chains_ended_by_error, "errors": len(rs.errored),
-        "discarded_tokens": stats.discarded_tokens, "retries": stats.retries,
-        "overshoot_pct": round(overshoot_pct(st.tokens, s.budget), 4), **s.policy.key(),
-        "lanes": {k: {**rs.lanes[k].lane.describe(), **v} for k, v in lanes.items()},
-        "wall_s": round(time.monotonic() - stats.started, 2),
-    })
-    return 0
-
-
 def run(settings: InferenceSettings) -> int:
     job = InferenceJob(settings)
     try:
         return asyncio.run(job.run())
     finally:
-        job.close()
+        release(job)

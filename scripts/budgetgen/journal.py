@@ -11,13 +11,20 @@ from outside and is an error naming file:line, never silently dropped.
 One machinery for every append-only file. Both `results/D/journal.jsonl` and
 `results/D/errors.jsonl` are written only through `JournalWriter` (`append_error` is a
 JournalWriter too), read through `whole_lines` (one tolerance policy: a torn tail skipped, a bad
-line elsewhere `FILE:LINE: reason`) by `scan`/`iter_records`/`records_by_id`/`errors_by_identity`, and
+line elsewhere `FILE:LINE: reason`) by `scan`/`iter_records`/`records_by_id`/`errors_by_identity` (and
+budgetgen.journal_follow's JournalFollower, which watch reads a live journal with), and
 repaired with `repair_tail` (`scan(path,
 repair=True)`), all by the inference job while it holds the journal's lock (`JournalLock` of
 `journal.jsonl`, which covers `errors.jsonl` as well: one lock, one writer per dataset). A writer
 never appends behind a torn line: opening a `JournalWriter` cuts a torn tail first (a kill during
 the append of a large record leaves one), so the next record can never be glued onto it, whether
 or not the caller scanned the file with repair=True before.
+
+Blamed responses: a response the breaker blames on the server (budgetgen.breaker) stays in the journal as
+evidence; a line in the journal's blame file (`journal.blamed.jsonl` beside `journal.jsonl`:
+blamed_path, append-only, written with append_error under the journal's lock) names it by its id and
+`created`, and every reader (scan, iter_records, records_by_id, JournalFollower) skips it: it counts
+nowhere, its id is not done, and the response asked again in its place is the one that counts.
 """
 
 from __future__ import annotations
@@ -25,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JournalLock", "JournalWriter", "append_error", "encode_record", "repair_tail", "response_record",
            "whole_lines", "parse_line_fast", "parse_line", "line_flags", "scan", "iter_records", "records_by_id",
-           "errors_by_identity", "JournalFollower", "JournalState", "IdentityCount", "LaneCount"]
+           "errors_by_identity", "blamed_path", "blamed_keys", "JournalState", "IdentityCount", "LaneCount"]
 
 _ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
@@ -114,9 +120,29 @@ class JournalState:
     dropped: dict = field(default_factory=dict)  # reason -> counted records the gate drops
     prompt_tokens: int = 0  # usage.prompt_tokens of the counted records (the storage forecast)
     repaired_bytes: int = 0
+    blamed: int = 0  # responses blamed on the server (blamed_path), skipped
     by_identity: dict = field(default_factory=dict)  # identity sha -> IdentityCount, counted or not
     lanes: dict = field(default_factory=dict)  # lane key -> LaneCount (scan(lane_of=)), counted records only
     id_lane: dict = field(default_factory=dict)  # counted id -> its lane key (scan(lane_of=))
+
+
+def blamed_path(path: str | os.PathLike) -> str:
+    """The blame file of a journal: `journal.blamed.jsonl` beside `journal.jsonl` (see the module docstring)."""
+    base, ext = os.path.splitext(os.fspath(path))
+    return f"{base}.blamed{ext}"
+
+
+def blamed_keys(path: str | os.PathLike) -> dict[str, set]:
+    """{id: {created, ...}} of the responses of the journal at `path` blamed on the server."""
+    found, where = {}, blamed_path(path)
+    for lineno, line in whole_lines(where):
+        rid, _, rec = parse_line(line, f"{where}:{lineno}")
+        found.setdefault(rid, set()).add(rec.get("created"))
+    return found
+
+
+def is_blamed(blamed: dict[str, set], rid: str, rec: dict[str, Any]) -> bool:
+    return rid in blamed and rec.get("created") in blamed[rid]
 
 
 def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
@@ -211,14 +237,19 @@ def scan(path: str | os.PathLike, repair: bool = False, accepts: Callable[[str],
     state = JournalState(path=os.fspath(path))
     if repair:
         state.repaired_bytes = repair_tail(path)
+        repair_tail(blamed_path(path))
+    blamed = blamed_keys(path)
     for lineno, line in whole_lines(path, strict_tail=repair):
         got = parse_line_fast(line)
         rid = sha = settings = rec = None
         if got is not None:
             rid, sha, tokens = got
-        if sha is None or sha not in state.by_identity:
+        if sha is None or sha not in state.by_identity or rid in blamed:
             rid, tokens, rec = parse_line(line, f"{path}:{lineno}")
             sha, settings = record_sha(rec, f"{path}:{lineno}"), record_settings(rec)
+            if is_blamed(blamed, rid, rec):
+                state.blamed += 1
+                continue
         count = state.by_identity.get(sha)
         if count is None:
             cell = rec.get("cell")
@@ -253,10 +284,11 @@ def iter_records(path: str | os.PathLike,
                  accepts: Callable[[str], bool] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (lineno, record) for every whole line, parsed; the first occurrence of an id only, of the
     identities `accepts` takes (all by default; see scan)."""
-    seen = set()
+    seen, blamed = set(), blamed_keys(path)
     for lineno, line in whole_lines(path):
         rid, _, rec = parse_line(line, f"{path}:{lineno}")
-        if rid in seen or (accepts is not None and not accepts(record_sha(rec, f"{path}:{lineno}"))):
+        if rid in seen or is_blamed(blamed, rid, rec) or (
+                accepts is not None and not accepts(record_sha(rec, f"{path}:{lineno}"))):
             continue
         seen.add(rid)
         yield lineno, rec
@@ -269,12 +301,14 @@ def records_by_id(path: str | os.PathLike, ids: Iterable[str],
     wanted, found = set(ids), {}
     if not wanted:
         return found
+    blamed = blamed_keys(path)
     for lineno, line in whole_lines(path):
         got = parse_line_fast(line)
         if got is not None and (got[0] not in wanted or got[0] in found):
             continue
         rid, _, rec = parse_line(line, f"{path}:{lineno}")
-        if rid in wanted and rid not in found and (accepts is None or accepts(record_sha(rec, f"{path}:{lineno}"))):
+        if rid in wanted and rid not in found and not is_blamed(blamed, rid, rec) and (
+                accepts is None or accepts(record_sha(rec, f"{path}:{lineno}"))):
             found[rid] = rec
             if len(found) == len(wanted):
                 break
@@ -289,104 +323,3 @@ def errors_by_identity(errors_path: str | os.PathLike) -> dict[str, set[str]]:
         rid, _, rec = parse_line(line, f"{errors_path}:{lineno}")
         found.setdefault(record_sha(rec, f"{errors_path}:{lineno}"), set()).add(rid)
     return found
-
-
-@dataclass
-class JournalFollower:
-    """One journal read incrementally, read only (no lock, no writes: beside a run that appends to it).
-
-    Each refresh() reads only the bytes appended since the last one, up to the last whole line (a torn
-    tail is read once it is whole), and starts over when the file was replaced or shrank. Lines are
-    decoded and parsed as every reader does (decode_line, parse_line, the identity a record stores);
-    the first bad one stops the following and is kept as its one line in `problem`. Counts as scan():
-    every identity's records in `by_identity`, the ids, tokens (kept by `gate_of`'s gate: scan) and
-    records of those `accepts` takes (first of an id), and (completed at, tokens, kept tokens) of those
-    in `recent` for rates."""
-
-    path: str
-    accepts: object = None  # identity.Policy.accepts
-    gate_of: object = None  # mixture.Mixture.gate_of (None: every record kept)
-    offset: int = 0
-    inode: int | None = None
-    tokens: int = 0  # kept (budgetgen.quality)
-    generated_tokens: int = 0
-    prompt_tokens: int = 0  # usage.prompt_tokens of the counted records (the storage forecast)
-    dropped: dict = field(default_factory=dict)  # reason -> records the gate drops
-    records: int = 0
-    ids: set = field(default_factory=set)
-    by_identity: dict = field(default_factory=dict)
-    recent: deque = field(default_factory=deque)  # (completed at, tokens) of the counted records
-    problem: str | None = None  # a whole line that does not parse: FILE:LINE: reason
-    lineno: int = 0
-
-    def reset(self) -> None:
-        self.offset, self.tokens, self.records, self.lineno, self.problem = 0, 0, 0, 0, None
-        self.generated_tokens, self.prompt_tokens, self.dropped = 0, 0, {}
-        self.ids, self.by_identity, self.recent = set(), {}, deque()
-
-    def refresh(self) -> JournalFollower:
-        """Read what was appended since the last refresh; returns self."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self.reset()
-            self.inode = None
-            return self
-        if st.st_ino != self.inode or st.st_size < self.offset:  # replaced or cut: read it anew
-            self.reset()
-            self.inode = st.st_ino
-        if st.st_size == self.offset or self.problem:
-            return self
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(st.st_size - self.offset)
-        except FileNotFoundError:
-            return self
-        whole = data[: data.rfind(b"\n") + 1]  # a torn tail waits until it is whole
-        for raw in whole.splitlines():
-            self.lineno += 1
-            if raw.strip():
-                try:
-                    self._count(decode_line(raw, self.path, self.lineno))
-                except UserError as exc:
-                    self.problem = str(exc)
-                    break
-        self.offset += len(whole)
-        return self
-
-    def _count(self, line):
-        where = f"{self.path}:{self.lineno}"
-        rid, tokens, rec = parse_line(line, where)
-        sha = record_sha(rec, where)
-        count = self.by_identity.get(sha)
-        if count is None:
-            count = self.by_identity[sha] = IdentityCount(settings=record_settings(rec))
-        count.records += 1
-        count.tokens += tokens
-        if (self.accepts is not None and not self.accepts(sha)) or rid in self.ids:
-            return
-        self.ids.add(rid)
-        fate = KEPT
-        if self.gate_of is not None:
-            gate = self.gate_of(sha, rec.get("cell") if isinstance(rec.get("cell"), str) else None)
-            if not gate.passes_all:
-                fate = gate.fate(record_flags(rec), tokens)
-        kept = tokens if fate.kept else 0
-        if not fate.kept:
-            self.dropped[fate.reason] = self.dropped.get(fate.reason, 0) + 1
-        self.tokens += kept
-        self.generated_tokens += tokens
-        self.prompt_tokens += int((rec.get("usage") or {}).get("prompt_tokens") or 0)
-        self.records += 1
-        self.recent.append((float(rec.get("created") or 0) + float(rec.get("latency_s") or 0), tokens, kept))
-
-    def rates(self, now: float, window_s: float = 60.0) -> tuple[float, float, float]:
-        """(req/s, generated tok/s, kept tok/s) over the last window_s seconds of completions."""
-        while self.recent and now - self.recent[0][0] > window_s:
-            self.recent.popleft()
-        if not self.recent:
-            return 0.0, 0.0, 0.0
-        span = max(1.0, min(window_s, now - min(r[0] for r in self.recent)))
-        return (len(self.recent) / span, sum(r[1] for r in self.recent) / span,
-                sum(r[2] for r in self.recent) / span)

@@ -58,19 +58,19 @@ def repair_tail(path: str | os.PathLike) -> int:
 def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: ChatResult, identity: Identity,
                     params: dict[str, Any], created: float, attempts: int,
                     where: Mapping[str, Any] | None = None,
-                    reasoning_tags: tuple[str, str] | None = None) -> dict[str, Any]:
+                    reasoning_tags: tuple[str, str] | None = None, specials: tuple[str, ...] = ()) -> dict[str, Any]:
     """The journal record of one response (a streams.ChatResult) to `messages`: the id and the identity
     it was made under (budgetgen.identity: its sha right after the id, its readable settings), the
     conversation with the generated assistant turn appended, the request params, and its usage (last,
     see above). `where`: the conversation it belongs to ({"conversation_id", "turn", "sample"?}); its `flags`:
-    what budgetgen.quality.observe sees in it (`reasoning_tags`: the tags it looks for), journaled just
-    before usage, where scan reads them."""
+    what budgetgen.quality.observe sees in it (`reasoning_tags`, `specials`: the tags and the target's special
+    tokens it looks for), journaled just before usage, where scan reads them."""
     assistant = {"role": "assistant", "content": result.content}
     if result.reasoning:
         assistant["reasoning_content"] = result.reasoning
     rec = {"id": gen_id, "identity": identity.sha, **(where or {}), "messages": list(messages) + [assistant],
            "finish_reason": result.finish_reason, "identity_settings": identity.settings, "params": params,
-           "served_model": result.model,
+           "served_model": result.model, **({"endpoint": result.endpoint} if result.endpoint else {}),
            "created": round(created, 3), "latency_s": round(time.time() - created, 3), "attempts": attempts}
     if result.prompt_token_ids:
         rec["prompt_token_ids"] = result.prompt_token_ids
@@ -79,7 +79,8 @@ def response_record(gen_id: str, messages: Iterable[dict[str, Any]], result: Cha
     forced = budget_outcome(result.usage, params.get("thinking_budget"))[0]
     if params.get("thinking_budget") is not None:
         rec["reasoning_forced_end"] = forced
-    rec["flags"] = observe(result.content, result.reasoning, result.finish_reason, forced, reasoning_tags)
+    rec["flags"] = observe(result.content, result.reasoning, result.finish_reason, forced, reasoning_tags,
+                           specials)
     rec["usage"] = result.usage
     return rec
 

@@ -24,7 +24,7 @@ from .fsutil import atomic_path
 from .identity import legacy_identity
 
 if TYPE_CHECKING:
-    from .settings import DatasetPaths
+    from .paths import DatasetPaths
 
 COMMAND = "python scripts/migrate_journal.py --config CONFIG --dataset {dataset}"
 

@@ -121,6 +121,24 @@ class RunState:
         lr.lengths.observe(tokens, fate.kept)
         lr.rates.add(tokens)
 
+    def uncount(self, lr: LaneRun, gid: str, tokens: int, fate: Fate = KEPT) -> None:
+        """A response count() counted, then blamed on the server (budgetgen.breaker): out of every count
+        again, its id no longer done (the length model keeps what it learned of it)."""
+        kept = tokens if fate.kept else 0
+        j = self.journaled
+        j.ids.discard(gid)
+        j.tokens -= kept
+        j.generated_tokens -= tokens
+        j.records -= 1
+        lr.tokens -= kept
+        lr.generated_tokens -= tokens
+        lr.records -= 1
+        if not fate.kept:
+            for counts in (j.dropped, lr.dropped):
+                counts[fate.reason] -= 1
+                if not counts[fate.reason]:
+                    del counts[fate.reason]
+
     def queued(self) -> int:
         return sum(len(lr.queue) for lr in self.lanes.values()) + sum(len(p) for p in self.pool.values())
 

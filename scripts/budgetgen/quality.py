@@ -8,10 +8,13 @@ Two steps, kept apart so the journal stays a record of what happened and never o
                    parser put the whole response into reasoning_content and left no answer, or the
                    answer holds a reasoning open tag with no close after it, or a leftover one beside a
                    separate reasoning_content), `empty` (no text at all), `reasoning_forced_end` (the
-                   server ended the reasoning at the request's thinking budget).
+                   server ended the reasoning at the request's thinking budget), and the degenerate
+                   output a broken server sends with HTTP 200 (budgetgen.degenerate): `repetition` (a
+                   loop at the response's end), `replacement_chars` (U+FFFD: undecodable bytes),
+                   `template_leak` (the target tokenizer's own special tokens as text).
   Gate.fate(...)   the config's decision on those facts (`quality:` in generation, a dataset or a
-                   mixture cell, key by key): each of truncated, unclosed_reasoning, forced_reasoning_end
-                   and empty is `keep` (a row, as if nothing were wrong), `flag` (a row whose `flags`
+                   mixture cell, key by key): each fact (forced_reasoning_end for reasoning_forced_end)
+                   is `keep` (a row, as if nothing were wrong), `flag` (a row whose `flags`
                    column names it) or `drop` (no row); `min_supervised_tokens: N` drops a response of
                    fewer completion tokens.
 
@@ -24,7 +27,9 @@ what counts, and the status, the done marker and the rows follow it (identity.Po
 its fingerprint).
 
 Dropped responses are counted by their first reason in REASONS order (a response cut at max_tokens
-inside its reasoning is `truncated`, not also `unclosed_reasoning`).
+inside its reasoning is `truncated`, not also `unclosed_reasoning`; a loop that ran into max_tokens is
+`repetition`, the server's fault, before `truncated`). SERVER_FAULTS are the facts that say the server,
+not the prompt, is wrong: the breaker (budgetgen.breaker) counts them per endpoint.
 """
 
 from __future__ import annotations
@@ -32,13 +37,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from .degenerate import leaked_token, looping, replacement_chars
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
 TRUNCATED, UNCLOSED, EMPTY, FORCED_END = "truncated", "unclosed_reasoning", "empty", "reasoning_forced_end"
+REPETITION, REPLACEMENT, TEMPLATE_LEAK = "repetition", "replacement_chars", "template_leak"
 TOO_SHORT = "min_supervised_tokens"
-FACTS = (EMPTY, TRUNCATED, FORCED_END, UNCLOSED)  # what observe() can say of a response
+# what observe() can say of a response, in the order a dropped response's one reason is named
+FACTS = (EMPTY, REPETITION, REPLACEMENT, TEMPLATE_LEAK, TRUNCATED, FORCED_END, UNCLOSED)
+SERVER_FAULTS = (EMPTY, REPETITION, REPLACEMENT, TEMPLATE_LEAK)  # the server's fault, never the prompt's
 REASONS = (*FACTS, TOO_SHORT)  # why a response is dropped, in the order its one reason is named
 ACTIONS = ("keep", "flag", "drop")
 DEFAULT_TAGS = ("<think>", "</think>")
@@ -65,6 +75,9 @@ class Gate:
     unclosed_reasoning: str = "keep"
     empty: str = "drop"
     forced_reasoning_end: str = "keep"
+    repetition: str = "flag"
+    replacement_chars: str = "flag"
+    template_leak: str = "flag"
     min_supervised_tokens: int = 0
 
     @classmethod
@@ -106,15 +119,24 @@ def gate_for(gates: Sequence[tuple[str, Gate]], cell: str) -> Gate:
 
 
 def observe(content: str | None, reasoning: str | None, finish_reason: str | None, forced_end: bool = False,
-            tags: tuple[str, str] | None = None) -> list[str]:
+            tags: tuple[str, str] | None = None, specials: Iterable[str] = ()) -> list[str]:
     """The facts (FACTS, in that order) of one response: its answer `content`, its separate `reasoning`
     (reasoning_content), its finish_reason, whether the server forced its reasoning's end; `tags`: the
-    reasoning open and close tags (tokenizer.reasoning_tags; `<think>`/`</think>` by default)."""
+    reasoning open and close tags (tokenizer.reasoning_tags; `<think>`/`</think>` by default);
+    `specials`: the target tokenizer's special tokens (settings.special_tokens; none: template_leak is
+    not looked for)."""
     open_tag, close_tag = tags or DEFAULT_TAGS
     content, reasoning = content or "", reasoning or ""
     facts = []
+    text = f"{reasoning}\n{content}" if reasoning else content
     if not content.strip() and not reasoning.strip():
         facts.append(EMPTY)
+    elif looping(text):
+        facts.append(REPETITION)
+    if replacement_chars(text, finish_reason == "length"):
+        facts.append(REPLACEMENT)
+    if specials and leaked_token(text, tuple(s for s in specials if s not in (open_tag, close_tag))):
+        facts.append(TEMPLATE_LEAK)
     if finish_reason == "length":
         facts.append(TRUNCATED)
     if forced_end:
@@ -170,3 +192,35 @@ def dropped_text(dropped: Mapping[str, int]) -> str:
     """`truncated=3;empty=1` (REASONS order), or `0`: the dropped responses by reason, as summary.tsv
     and the logs write them."""
     return ";".join(f"{r}={dropped[r]}" for r in REASONS if dropped.get(r)) or "0"
+
+
+KEEP_SHARE_AFTER = 50  # responses of a lane before its keep share is judged while the run goes on
+CAUSES = {
+    EMPTY: "{n} of {records} responses were empty (the server)",
+    REPETITION: "{n} of {records} responses were loops (the server)",
+    REPLACEMENT: "{n} of {records} responses held undecodable text, U+FFFD (the server or its tokenizer)",
+    TEMPLATE_LEAK: "{n} of {records} responses held the tokenizer's special tokens as text (the server's chat "
+                   "template or stop tokens)",
+    TRUNCATED: "max_tokens {max_tokens} cut {n} of {records} responses (raise max_tokens, or quality.truncated: keep)",
+    FORCED_END: "the thinking budget ended the reasoning of {n} of {records} responses (thinking_budget)",
+    UNCLOSED: "the reasoning of {n} of {records} responses never closed (max_tokens {max_tokens}, or the server's "
+              "reasoning parser)",
+    TOO_SHORT: "quality.min_supervised_tokens dropped {n} of {records} responses",
+}
+
+
+def keep_problem(records: int, dropped: Mapping[str, int], min_share: float, final: bool,
+                 max_tokens: int | None = None) -> str | None:
+    """Why a lane's responses are not data (a run must not end met or exhausted so), or None: it kept
+    none while dropping some (at the run's end), or kept under `min_share` of them (quality.min_keep_share;
+    while the run goes on, once KEEP_SHARE_AFTER are in). The cause names the commonest reason and the
+    setting most likely at fault: `max_tokens 200 cut 40 of 40 responses`."""
+    if not records or not dropped:
+        return None
+    kept = records - sum(dropped.values())
+    if not (final and kept == 0) and (kept >= min_share * records or (not final and records < KEEP_SHARE_AFTER)):
+        return None
+    reason, n = max(dropped.items(), key=lambda kv: kv[1])
+    cause = CAUSES.get(reason, "{n} of {records} responses dropped by " + reason)
+    return (f"kept {kept} of {records} responses ({kept / records:.0%}, quality.min_keep_share {min_share:g}): "
+            + cause.format(n=n, records=records, max_tokens=max_tokens))

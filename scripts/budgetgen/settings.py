@@ -30,8 +30,10 @@ from .identity import (
     settings_of,
 )
 from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
+from .paths import DatasetPaths
 from .processes import stream_processes, usable_cpus
 from .quality import Gate
+from .turn_format import special_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -106,8 +108,13 @@ def reasoning_tags(config: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def quality_section(config: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """The dataset's quality gate settings: its own `quality` keys over generation.quality's."""
-    return {**(config["generation"].get("quality") or {}), **(config["datasets"][dataset].get("quality") or {})}
+    """The dataset's quality gate settings: its own `quality` keys over generation.quality's (its
+    `breaker` keys over generation.quality.breaker's)."""
+    general, own = config["generation"].get("quality") or {}, config["datasets"][dataset].get("quality") or {}
+    merged = {**general, **own}
+    if "breaker" in own:
+        merged["breaker"] = {**(general.get("breaker") or {}), **own["breaker"]}
+    return merged
 
 
 def validation_share(config: dict[str, Any], dataset: str) -> float:
@@ -173,65 +180,6 @@ def config_sha256(config: dict[str, Any], dataset: str) -> str:
 
 
 @dataclass(frozen=True)
-class DatasetPaths:
-    """One dataset's files. The journal and errors.jsonl are never Snakemake outputs: Snakemake deletes
-    declared outputs of failed or killed jobs, and the journal is the GPU time already paid for."""
-
-    dataset: str
-    prompts: str
-    journal: str
-    errors: str
-    status: str
-    done: str
-    raw_responses: str
-    tokenized: str
-    validation: str  # the validation split's rows (budgetgen.mixture), beside tokenized.arrow
-    inference_log: str
-    server_log: str
-
-    # Where each file lives, written once: the rules take their patterns from here (rules/common.smk
-    # `path_of`), the scripts their paths (of()), and a rule hands its declared files to its script
-    # (`--path NAME=FILE`, with_files()).
-    PATTERNS = {
-        "imported_prompts": "results/{dataset}/prompts.jsonl",  # a `source` dataset's import
-        "journal": "results/{dataset}/journal.jsonl", "errors": "results/{dataset}/errors.jsonl",
-        "status": "results/{dataset}/budget_status.json", "done": "results/{dataset}/inference.done",
-        "raw_responses": "results/{dataset}/raw_responses.jsonl", "tokenized": "results/{dataset}/tokenized.arrow",
-        "validation": "results/{dataset}/validation.arrow",
-        "inference_log": "logs/inference/{dataset}.log", "server_log": "logs/server/{dataset}.log",
-    }
-
-    @classmethod
-    def of(cls, config: dict[str, Any], dataset: str) -> DatasetPaths:
-        own = config["datasets"][dataset]
-        at = {k: v.format(dataset=dataset) for k, v in cls.PATTERNS.items()}
-        imported = at.pop("imported_prompts")
-        prompts = imported if own.get("source") is not None else own["prompts"]
-        return cls(dataset=dataset, prompts=prompts, **at)
-
-    def with_files(self, files: Mapping[str, str]) -> DatasetPaths:
-        """These paths with a rule's declared files instead ({field: path}: `--path NAME=FILE`)."""
-        unknown = sorted(set(files) - set(self.__dataclass_fields__) - {"dataset"})
-        if unknown:
-            from .errors import UserError
-
-            raise UserError(f"--path {unknown[0]}=...: not a file of a dataset "
-                            f"({', '.join(f for f in self.__dataclass_fields__ if f != 'dataset')})")
-        from dataclasses import replace
-
-        return replace(self, **files)
-
-    def finished_outputs(self) -> tuple[str, ...]:
-        """What says "this dataset is finished" downstream of the journal: the done marker, the files
-        made from it (raw_responses, rows, plots, exports) and the summary of every dataset. The
-        inference job removes them as it starts (budgetgen.fsutil.remove_outputs): until it ends met
-        or exhausted, none of an earlier run may sit beside a journal that has moved on."""
-        base = os.path.dirname(self.raw_responses)
-        return (self.done, self.raw_responses, self.tokenized, self.validation, f"{base}/plots", f"{base}/export",
-                os.path.join(os.path.dirname(base), "summary.tsv"))
-
-
-@dataclass(frozen=True)
 class InferenceSettings:
     """Everything one inference job needs, from the config (see the schema for each key)."""
 
@@ -269,6 +217,9 @@ class InferenceSettings:
     earlier_prompts: tuple  # generation.dedup_across_datasets: the earlier datasets' prompts files
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
     reasoning_tags: tuple | None = None  # tokenizer.reasoning_tags: what quality.observe looks for
+    special_tokens: tuple = ()  # the target tokenizer's special tokens (quality's template_leak)
+    breaker: tuple = (50, 0.5)  # quality.breaker (window, share): budgetgen.breaker
+    min_keep_share: float = 0.0  # quality.min_keep_share: a run that keeps less fails
     thinking_processor: str | None = None  # server.thinking_processor: SGLang's thinking-budget processor
 
     @classmethod
@@ -285,6 +236,7 @@ class InferenceSettings:
         if slots is not None:
             concurrency = min(concurrency, int(slots))
         mix = dataset_mixture(config, dataset)
+        quality = quality_section(config, dataset)
         return cls(
             paths=DatasetPaths.of(config, dataset).with_files(files or {}), budget=token_budget(config, dataset),
             urls=tuple([urls] if isinstance(urls, str) else urls), model=server["model"],
@@ -304,6 +256,9 @@ class InferenceSettings:
             policy=settings_policy(config, dataset, mix), mixture=mix,
             earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
             reasoning_tags=reasoning_tags(config), thinking_processor=server.get("thinking_processor"),
+            special_tokens=special_tokens(config["tokenizer"]["path"]),
+            breaker=(int(quality["breaker"]["window"]), float(quality["breaker"]["share"])),
+            min_keep_share=float(quality["min_keep_share"]),
         )
 
     @property

@@ -105,6 +105,7 @@ class ChatResult:
     extra: dict = field(default_factory=dict)
     token_ids: list | None = None  # the generated ids, when asked for and the server sent them
     prompt_token_ids: list | None = None  # the prompt's ids as the server fed them to the model
+    endpoint: str = ""  # the base URL of the endpoint that answered (ChatClient.chat)
 
 
 class StreamedResponse:

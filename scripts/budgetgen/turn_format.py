@@ -91,6 +91,33 @@ def tokenizer_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def special_tokens(path: str) -> tuple[str, ...]:
+    """The text of the special tokens a local tokenizer folder declares (tokenizer.json's added_tokens and
+    tokenizer_config.json's added_tokens_decoder marked special; its eos, bos and pad), read from the JSON
+    files without loading the tokenizer: what a chat template writes around turns, never what a model
+    writes in an answer (quality's template_leak). () where the folder is not local or says none."""
+    found = set()
+    if not os.path.isdir(path):
+        return ()
+    for name, pick in (("tokenizer.json", lambda d: d.get("added_tokens") or []),
+                       ("tokenizer_config.json", lambda d: list((d.get("added_tokens_decoder") or {}).values()))):
+        try:
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        found.update(t["content"] for t in pick(data)
+                     if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str))
+        for key in ("eos_token", "bos_token", "pad_token"):
+            token = data.get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                found.add(token)
+    return tuple(sorted(t for t in found if len(t) > 1 and not t.isspace()))
+
+
 def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 

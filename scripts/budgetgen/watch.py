@@ -9,7 +9,7 @@ line (the tokens left of every dataset not finished, over the aggregate rate).
 Read only, never in the way of a run: it reads the journals, errors.jsonl, the status and the done
 markers, and nothing else; it takes no lock (neither Snakemake's nor the journal's) and writes nothing,
 so it works from another shell or a login node while a run holds Snakemake's lock. A journal is
-followed incrementally (`journal.JournalFollower`): each refresh reads only the bytes appended since the last
+followed incrementally (`journal_follow.JournalFollower`): each refresh reads only the bytes appended since the last
 one, up to the last whole line (a torn tail is read once it is whole), and starts over when the file
 was replaced or shrank. Records count under the generation identities that count now
 (budgetgen.identity), as every other reader counts them.
@@ -28,6 +28,7 @@ from . import conversations, journal, prompts, state
 from .errors import UserError
 from .estimate import server_gpus
 from .forecast import human_bytes
+from .journal_follow import JournalFollower
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -79,7 +80,7 @@ class Watcher:
         from .settings import InferenceSettings
 
         self.settings = [InferenceSettings.from_config(config, ds) for ds in sorted(config["datasets"])]
-        self.followers = {s.dataset: journal.JournalFollower(s.paths.journal, s.policy.accepts,
+        self.followers = {s.dataset: JournalFollower(s.paths.journal, s.policy.accepts,
                                                              s.mixture.gate_of(s.policy))
                           for s in self.settings}
         self.generations = {}  # dataset -> (prompts file mtime, generations the plan makes of it)

@@ -6,8 +6,10 @@ Raw asyncio protocol, HTTP/1.1 with keep-alive, chunked SSE streaming. Every res
 its length and words come from an rng seeded by the request's messages and --seed. Knobs model an engine
 (time to first token, per-stream token rate, tokens per SSE event, a limited number of running requests, a
 context limit) and inject faults (500, 429 + Retry-After, a dropped stream, a hung request, a whole-server
-outage (at --outage-at, or on SIGUSR1), and a permanent 400 for a share of prompts, decided per prompt so a
-retry gets the same answer). Counters are served at GET /stats and written to --stats-file on SIGTERM/SIGINT.
+outage (at --outage-at, or on SIGUSR1), a permanent 400 for a share of prompts, decided per prompt so a
+retry gets the same answer, and --garbage: what a broken server sends with HTTP 200, empty text, loops,
+mojibake or template tokens, from the first request or after N good ones). Counters are served at GET
+/stats and written to --stats-file on SIGTERM/SIGINT.
 With --request-log each chat request's messages are appended to a file (what the server was sent, for tests).
 
 A request body may carry `mock_mean_tokens` (a positive number): that request's mean length instead of
@@ -88,8 +90,12 @@ RELEASED = {
                  "first_content_null": True},
 }
 
-_J0 = [json.dumps(w).encode() for w in VOCAB]  # a token's JSON string, first in its field
-_J1 = [json.dumps(" " + w).encode() for w in VOCAB]  # later tokens: with a leading space
+# Tokens only a broken server sends (--garbage): never drawn for a response (draws take VOCAB's indices), put
+# in by garble(): the marks of undecodable bytes, and a Qwen/ChatML template's turn tokens as text.
+GARBAGE_TOKENS = ["\ufffd", "\ufffd\ufffd", "<|im_end|>", "\n<|im_start|>user\n"]
+TOKENS = VOCAB + GARBAGE_TOKENS
+_J0 = [json.dumps(w).encode() for w in TOKENS]  # a token's JSON string, first in its field
+_J1 = [json.dumps(" " + w).encode() for w in TOKENS]  # later tokens: with a leading space
 _B0 = [j[1:-1] for j in _J0]  # the same without the quotes, to join several tokens in one string
 _B1 = [j[1:-1] for j in _J1]
 
@@ -103,6 +109,7 @@ def _text(words, a, b, first):
 
 
 _JSON = dict(separators=(",", ":"))
+LOOP_TOKENS = 240  # --garbage loop: the least a loop runs (a loop runs long: to max_tokens or the stop)
 MIN_SLEEP_S = 0.010  # rate limiting sleeps at least this long and emits the tokens that fell due
 BATCH_TOKENS = 64  # with no rate limit, SSE events per write
 MAX_HEADER = 64 * 1024
@@ -175,7 +182,31 @@ class Plan:
     def texts(self):
         """(reasoning, content) as strings."""
         r = self.n_reasoning
-        return (" ".join(VOCAB[i] for i in self.words[:r]), " ".join(VOCAB[i] for i in self.words[r:]))
+        return (" ".join(TOKENS[i] for i in self.words[:r]), " ".join(TOKENS[i] for i in self.words[r:]))
+
+    def garble(self, kind, max_tokens):
+        """Make this response the garbage a broken server sends with HTTP 200 (--garbage): `empty` (no text,
+        finish_reason stop, 0 completion tokens), `loop` (a few words, then one phrase over and over for at
+        least LOOP_TOKENS tokens or up to max_tokens: an engine stuck in a loop), `mojibake` (every other
+        token U+FFFD: a detokenizer fed ids of another vocabulary), `template_leak` (the answer, then the
+        template's end-of-turn and next-turn tokens as text and a made-up next turn: a server whose chat
+        template or stop tokens are not the model's)."""
+        words = self.words
+        if kind == "empty":
+            self.words, self.n_reasoning, self.finish_reason = [], 0, "stop"
+            return
+        if kind == "loop":
+            n = max(LOOP_TOKENS, len(words)) if max_tokens is None else min(max(LOOP_TOKENS, len(words)), max_tokens)
+            phrase = words[3:6] or [0]
+            self.words = words[:3] + [phrase[i % len(phrase)] for i in range(max(0, n - 3))]
+            self.finish_reason = "length" if max_tokens is not None and n == max_tokens else "stop"
+        elif kind == "mojibake":
+            bad = len(VOCAB)  # GARBAGE_TOKENS[0]
+            self.words = [w if i % 2 == 0 else bad + (i // 2) % 2 for i, w in enumerate(words)]
+        elif kind == "template_leak":
+            leak = [len(VOCAB) + 2, len(VOCAB) + 3] + words[:5]
+            self.words = (words + leak)[:max_tokens] if max_tokens is not None else words + leak
+        self.n_reasoning = min(self.n_reasoning, len(self.words))
 
 
 def usage(prompt_tokens, plan, with_reasoning, hidden=0):
@@ -214,7 +245,7 @@ class Stats:
         self.t0 = self.last = self.loop.time()
         self.requests = self.completed = 0
         self.by_status = collections.Counter()
-        self.faults = {"500": 0, "429": 0, "drop": 0, "hang": 0, "400": 0}
+        self.faults = {"500": 0, "429": 0, "drop": 0, "hang": 0, "400": 0, "garbage": 0}
         self.tokens_generated = self.tokens_delivered = 0
         self.max_active = self.active
         self.busy = 0.0
@@ -667,6 +698,14 @@ class MockServer:
         key = f"{self.cfg.fault_seed}/400/" + json.dumps(messages, sort_keys=True)
         return int(hashlib.sha256(key.encode()).hexdigest()[:13], 16) / 16**13 < p
 
+    def garbage(self, counter):
+        """--garbage: whether chat request #counter is answered with it (after --garbage-after good ones, a
+        --garbage-share of them, drawn from --fault-seed and the counter)."""
+        cfg = self.cfg
+        if not cfg.garbage or counter <= cfg.garbage_after:
+            return False
+        return random.Random(f"{cfg.fault_seed}/{counter}/garbage").random() < cfg.garbage_share
+
     def fault(self, counter):
         cfg = self.cfg
         x = random.Random(f"{cfg.fault_seed}/{counter}").random()
@@ -742,6 +781,9 @@ class MockServer:
         kwargs = body.get("chat_template_kwargs")
         if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
             plan.n_reasoning = 0  # thinking off (Qwen3's template and reasoning parser): an answer only
+        if self.garbage(counter):
+            stats.faults["garbage"] += 1
+            plan.garble(cfg.garbage, max_tokens)
         # a streaming request hangs after its first chunk: a request the engine started, then stalled
         plan.hang = fault == "hang"
         drop_after = None
@@ -1071,6 +1113,15 @@ def build_parser():
                         "request's messages and --fault-seed: the same prompt gets a 400 on every attempt")
     g.add_argument("--error-bytes", type=int, default=0,
                    help="with --fail-400: pad the error message to this many bytes (a large error body)")
+    g.add_argument("--garbage", choices=["empty", "loop", "mojibake", "template_leak"],
+                   help="answer with what a broken server sends with HTTP 200: empty (no text), loop (one phrase "
+                        "over and over), mojibake (U+FFFD text), template_leak (the answer, then <|im_end|> and a "
+                        "made-up next turn as text); see Plan.garble")
+    g.add_argument("--garbage-share", type=_probability, default=1.0,
+                   help="with --garbage: the share of chat requests answered so (default %(default)s)")
+    g.add_argument("--garbage-after", type=int, default=0, metavar="N",
+                   help="with --garbage: the first N chat requests are answered well (a server that turns bad "
+                        "after N; default %(default)s)")
     g.add_argument("--outage-at", type=_nonneg, help="seconds after start: close the listener, abort connections "
                    "(SIGUSR1 starts the same outage at once)")
     g.add_argument("--outage-for", type=_nonneg, default=2.0,

@@ -124,7 +124,7 @@ def test_a_mixture_key_names_its_identity_and_its_layout_apart():
 
 def test_a_rules_declared_files_replace_the_default_paths_and_unknown_names_are_one_line():
     from budgetgen.errors import UserError
-    from budgetgen.settings import DatasetPaths
+    from budgetgen.paths import DatasetPaths
 
     p = DatasetPaths.of(config(), "D")
     assert p.raw_responses == "results/D/raw_responses.jsonl" == DatasetPaths.PATTERNS["raw_responses"].format(

@@ -24,6 +24,33 @@ def test_observe_names_each_fact_of_a_response():
     assert observe("[R]open", None, "stop", tags=("[R]", "[/R]")) == ["unclosed_reasoning"]
 
 
+SPECIALS = ("<think>", "</think>", "<|endoftext|>", "<|im_end|>", "<|im_start|>")
+
+
+def test_degenerate_output_is_named_where_it_lives():
+    prose = ("Paris is the capital of France. It lies on the Seine, in the north of the country, and has "
+             "been its largest city since the Middle Ages. ") * 1
+    assert observe(prose, None, "stop", specials=SPECIALS) == []
+    loop = prose + "the the the " * 300
+    assert observe(loop, None, "length") == ["repetition", "truncated"]
+    sentence_loop = "I will check the result again to be sure it is right. " * 60
+    assert observe(sentence_loop, None, "stop") == ["repetition"]
+    # a long answer with one block repeated once: its tail is not a loop
+    words = [f"w{i}" for i in range(600)]
+    block = " ".join(words[:80])
+    assert observe(" ".join(words[80:300]) + " " + block + " " + block + " " + " ".join(words[300:]),
+                   None, "stop") == []
+    assert observe("short answer " * 10, None, "stop") == []  # too short to be called a loop
+    assert observe("caf\ufffd\ufffd cr\ufffdme", None, "stop") == ["replacement_chars"]
+    assert observe("a cut multi-byte char\ufffd", None, "length") == ["truncated"]  # the cut's own
+    assert observe("x\ufffd y\ufffd", None, "length") == ["replacement_chars", "truncated"]
+    assert observe("4.<|im_end|>\n<|im_start|>user\nthanks", None, "stop", specials=SPECIALS) == ["template_leak"]
+    assert observe("<think>a</think>4", None, "stop", specials=SPECIALS) == []  # the reasoning tags are no leak
+    assert observe("4.<|im_end|>", None, "stop") == []  # no specials given: not looked for
+    # the reasoning counts as text too: a loop in reasoning_content
+    assert observe("", "wait, " * 400, "length") == ["repetition", "truncated", "unclosed_reasoning"]
+
+
 def test_a_gate_keeps_flags_or_drops_by_the_first_reason():
     gate = Gate(truncated="drop", unclosed_reasoning="flag", min_supervised_tokens=5)
     assert gate.fate([], 10).kept and gate.fate([], 10).flagged == ()
@@ -31,7 +58,10 @@ def test_a_gate_keeps_flags_or_drops_by_the_first_reason():
     assert gate.fate(["unclosed_reasoning"], 10).flagged == ("unclosed_reasoning",)
     assert gate.fate(["unclosed_reasoning"], 3).reason == "min_supervised_tokens"
     assert gate.fate(["empty"], 0).reason == "empty"  # empty: drop by default
-    assert Gate().fate(["truncated"], 10).kept and not Gate().passes_all and Gate(empty="keep").passes_all
+    assert Gate().fate(["truncated"], 10).kept and not Gate().passes_all
+    assert Gate(empty="keep", repetition="keep", replacement_chars="keep", template_leak="keep").passes_all
+    assert Gate().fate(["repetition", "truncated"], 10).flagged == ("repetition",)  # degenerate: flag by default
+    assert Gate(repetition="drop").fate(["repetition", "truncated"], 10).reason == "repetition"  # the server's
     assert dropped_text({"unclosed_reasoning": 2, "truncated": 3}) == "truncated=3;unclosed_reasoning=2"
     assert dropped_text({}) == "0"
 

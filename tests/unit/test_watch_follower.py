@@ -1,4 +1,4 @@
-"""budgetgen.journal.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
+"""budgetgen.journal_follow.JournalFollower: a journal read incrementally and read-only, through a torn tail, a
 file replaced or cut under it, records of other generation identities; rates from the records; the plain-text \
 table (format_plain) for a pipe."""
 
@@ -6,7 +6,7 @@ import os
 import re
 
 from budgetgen import journal, state
-from budgetgen.journal import JournalFollower
+from budgetgen.journal_follow import JournalFollower
 from budgetgen.watch import DatasetView, format_plain, total
 
 

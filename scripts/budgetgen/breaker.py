@@ -1,0 +1,165 @@
+"""The breaker: an endpoint whose responses went bad gets no more requests (issue 42).
+
+A server can break while it still answers HTTP 200: empty text, loops, mojibake, another turn's
+template tokens (budgetgen.quality.SERVER_FAULTS, observed per response). Counting errors never sees
+it. So, per endpoint, the breaker keeps the facts of its last `window` responses; when more than `share`
+of them are server faults, the endpoint *trips*:
+
+- it gets no more requests (EndpointPool.retire); the other endpoints go on; with none left the job stops,
+  exit non-zero, its last line Trip.line(): "48 of the last 50 responses from URL were empty";
+- the faulty responses of its window, and every later one of the endpoint, are **blamed on the server**:
+  each stays in the journal as evidence, and a blame line in `journal.blamed.jsonl` (budgetgen.journal)
+  takes it out of every count and output, so its prompt is asked again (by another endpoint now, or by
+  the next run). The responses before the window and the good ones in it are kept as they were.
+
+The breaker only decides; the job (budgetgen.inference) journals, uncounts and asks again. Each response
+is judged once, in journal order, so a rerun after a kill finds every blame it had written, and a blame
+line is written only after its response is journaled (a kill between the two leaves the response
+counted, as it would have been without the breaker).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .journal import append_error, blamed_path
+from .quality import EMPTY, SERVER_FAULTS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+WORDS = {EMPTY: "empty", "repetition": "loops (repetition)", "replacement_chars": "mojibake (replacement_chars)",
+         "template_leak": "leaked template tokens (template_leak)"}
+
+
+@dataclass(frozen=True)
+class Trip:
+    """An endpoint cut off: the most common fault of its window and how many of the window had one."""
+
+    endpoint: str
+    fact: str
+    faults: int
+    window: int
+
+    def line(self) -> str:
+        return f"{self.faults} of the last {self.window} responses from {self.endpoint} were {WORDS[self.fact]}"
+
+
+@dataclass
+class Seen:
+    """One judged response: its fault (None: a good one) and what the job needs to blame it (`item`)."""
+
+    fault: str | None
+    item: Any
+
+
+@dataclass
+class Breaker:
+    """quality.breaker of one dataset: `window` responses per endpoint, tripped above `share` faults."""
+
+    window: int
+    share: float
+    seen: dict = field(default_factory=dict)  # endpoint -> deque of Seen
+    trips: dict = field(default_factory=dict)  # endpoint -> Trip
+
+    @staticmethod
+    def fault_of(flags: Iterable[str]) -> str | None:
+        flags = set(flags)
+        return next((f for f in SERVER_FAULTS if f in flags), None)
+
+    def judge(self, endpoint: str, flags: Iterable[str], item: Any) -> tuple[Trip | None, list[Any]]:
+        """A response of `endpoint` with these facts: (the Trip it causes, or None; the items now blamed on
+        the server: the window's faulty ones at a trip, this one when its endpoint tripped earlier)."""
+        fault = self.fault_of(flags)
+        if endpoint in self.trips:
+            return None, [item] if fault else []
+        window = self.seen.setdefault(endpoint, deque(maxlen=self.window))
+        window.append(Seen(fault, item))
+        faults = [s for s in window if s.fault]
+        if len(faults) <= self.share * self.window:
+            return None, []
+        fact = Counter(s.fault for s in faults).most_common(1)[0][0]
+        trip = self.trips[endpoint] = Trip(endpoint, fact, len(faults), len(window))
+        self.seen.pop(endpoint)
+        return trip, [s.item for s in faults]
+
+
+@dataclass(eq=False)
+class Response:
+    """A journaled response as the job holds it for the breaker: its generation (plan.Generation), lane
+    (plan.LaneRun), journal record, completion tokens and fate, and whether it is counted."""
+
+    gen: Any
+    lane: Any
+    rec: dict
+    tokens: int
+    fate: Any
+    counted: bool = False
+
+    @property
+    def key(self) -> tuple[str, Any]:
+        return self.rec["id"], self.rec.get("created")
+
+
+class Blame:
+    """The job's side of the breaker: each response judged as it is journaled; a trip retires its endpoint
+    (EndpointPool.retire); a blamed response gets its blame line (journal.blamed_path), leaves the run's
+    counts (RunState.uncount) and is asked again (at the head of its lane) while an endpoint is left. A
+    conversation's later turns, built on a blamed turn, are blamed with it (journaled) or dropped (queued;
+    one in flight is blamed when it lands), so a rerun asks them again after the turn they follow."""
+
+    def __init__(self, breaker: Breaker, run_state: Any, pool: Any, journal_path: str):
+        self.breaker, self.rs, self.pool = breaker, run_state, pool
+        self.path = blamed_path(journal_path)
+        self.keys = set()  # (id, created) blamed in this run
+        self.counted = {}  # id -> Response counted in this run (a later turn to blame with its earlier one)
+        self.trips = []
+
+    def judge(self, resp: Response, endpoint: str) -> bool:
+        """Judge one journaled response (not yet counted); True when it is blamed (the caller neither
+        counts it nor queues its conversation's next turn)."""
+        prev = resp.gen.previous
+        if prev is not None and (prev.get("id"), prev.get("created")) in self.keys:
+            self._blame(resp, f"it follows turn {prev.get('id')}, blamed on the server")
+            return True
+        trip, blamed = self.breaker.judge(endpoint, resp.rec.get("flags") or (), resp)
+        if trip is not None:
+            self.trips.append(trip)
+            self.pool.retire(endpoint, trip.line())
+        why = (trip or self.breaker.trips.get(endpoint))
+        for r in blamed:
+            self._blame(r, why.line())
+        return resp in blamed
+
+    def counts(self, resp: Response) -> None:
+        resp.counted = True
+        self.counted[resp.rec["id"]] = resp
+
+    @property
+    def none_left(self) -> bool:
+        return bool(self.trips) and not self.pool.serving
+
+    def _blame(self, resp: Response, why: str) -> None:
+        gid, created = resp.key
+        if resp.key in self.keys:
+            return
+        append_error(self.path, {"id": gid, "created": created, "endpoint": resp.rec.get("endpoint"),
+                                 "flags": resp.rec.get("flags") or [], "why": why, "blamed_at": round(time.time(), 3)})
+        self.keys.add(resp.key)
+        gen, lr = resp.gen, resp.lane
+        if resp.counted:
+            self.rs.uncount(lr, gid, resp.tokens, resp.fate)
+            self.counted.pop(gid, None)
+        chain = gen.chain
+        later = {chain.turn_id(k) for k in range(gen.k + 1, chain.n_turns + 1)}
+        lr.queue = type(lr.queue)(g for g in lr.queue if g.id not in later)
+        for tid in sorted(later):
+            if tid in self.counted:
+                self._blame(self.counted[tid], f"it follows turn {gid}, blamed on the server")
+        prev = gen.previous
+        if self.pool.serving and (prev is None or (prev.get("id"), prev.get("created")) not in self.keys):
+            lr.queue.appendleft(type(gen)(chain, gen.k, prev, lane=gen.lane))
