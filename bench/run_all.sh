@@ -10,7 +10,7 @@ bash bin/setup
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$SECONDS
 times=()
-for b in budget decision occupancy client ingest tokenize resume dag estimate; do
+for b in budget decision occupancy client ingest tokenize resume dag estimate quality; do
   echo "=== bench_$b.py $*" >&2
   t0=$SECONDS
   .venv/bin/python "bench/bench_$b.py" "$@"

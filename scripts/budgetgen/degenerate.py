@@ -3,14 +3,14 @@
 Three tests, each a fact of the quality gate (budgetgen.quality.observe names them) and each a server
 fault the breaker counts (budgetgen.breaker):
 
-  looping(text)                 `repetition`: the text ends in a loop. Judged on its tail (the last
-                                TAIL_CHARS characters: a loop, once entered, runs to max_tokens or a stop,
-                                so it lives at the end) and only where the tail is long enough to say
-                                (MIN_CHARS): a short answer is never a loop. A loop is both
+  looping(text)                 `repetition`: the text ends in a loop. Judged on its tails (the last
+                                1,000, 2,000 and 4,000 characters, TAILS: a loop, once entered, runs to
+                                max_tokens or a stop, so it lives at the end) and only where a tail is long
+                                enough to say (MIN_CHARS): a short answer is never a loop. A loop is both
                                 compressible (zlib's output under ZLIB_RATIO of the tail's bytes) and poor
                                 in distinct n-grams (under DISTINCT_SHARE of its word 4-grams, or of its
-                                character 12-grams for text without spaces: CJK); one long answer with a
-                                block repeated once passes both.
+                                character 12-grams where words are long or absent: CJK, URLs); one long
+                                answer with a block repeated once passes both.
   replacement_chars(text, cut)  `replacement_chars`: U+FFFD in the text, the mark a detokenizer leaves for
                                 bytes that are not UTF-8 (a wrong tokenizer, a broken incremental
                                 detokenizer); one at the very end of a response cut at max_tokens (cut:
@@ -18,7 +18,8 @@ fault the breaker counts (budgetgen.breaker):
   leaked_token(text, specials)  `template_leak`: one of the target tokenizer's own special tokens as text
                                 (`<|im_end|>`, `<|im_start|>`: a server with the wrong chat template or
                                 stop tokens, generating past the end of its turn). The reasoning tags are
-                                not leaks (the reasoning facts judge them).
+                                not leaks (the reasoning facts judge them), nor is a token in quotes or
+                                backticks (an answer about chat templates).
 
 The thresholds were chosen by measurement (bench/bench_quality.py; bench/results/quality.md): the false
 positives on natural responses and the detection of the loops and mojibake the mock server sends.
@@ -30,7 +31,8 @@ import functools
 import re
 import zlib
 
-TAIL_CHARS = 2000
+TAILS = (1000, 2000, 4000)  # the tails judged: a loop entered late fills a short one, a long period a long one
+TAIL_CHARS = TAILS[-1]
 MIN_CHARS = 400
 ZLIB_RATIO = 0.2
 DISTINCT_SHARE = 0.3
@@ -44,19 +46,32 @@ def distinct_share(tail: str) -> float:
     if len(words) >= len(tail) / 20:
         grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
     else:
-        grams = [tail[i:i + 12] for i in range(0, len(tail) - 11, 3)]
+        grams = [tail[i:i + 12] for i in range(len(tail) - 11)]
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def looping(text: str) -> bool:
-    """Whether `text` ends in a loop (see the module docstring)."""
-    tail = text[-TAIL_CHARS:]
+def loop_metrics(tail: str, shortcut: bool = True) -> tuple[float, float] | None:
+    """(zlib ratio, distinct n-gram share) of one tail, or None where it is too short to say. Runs of
+    whitespace count as one space (a padded table or indented code compresses well without looping).
+    `shortcut`: the share is not counted (1.0) where the ratio already passes."""
     if len(tail.strip()) < MIN_CHARS:
-        return False
+        return None
+    tail = " ".join(tail.split())
     raw = tail.encode("utf-8", "surrogatepass")
-    if len(zlib.compress(raw, 6)) >= ZLIB_RATIO * len(raw):
-        return False
-    return distinct_share(tail) < DISTINCT_SHARE
+    ratio = len(zlib.compress(raw, 6)) / len(raw)
+    return ratio, (distinct_share(tail) if ratio < ZLIB_RATIO or not shortcut else 1.0)
+
+
+def looping(text: str) -> bool:
+    """Whether `text` ends in a loop (see the module docstring): any of its TAILS compressible under
+    ZLIB_RATIO and poor in distinct n-grams under DISTINCT_SHARE."""
+    for n in TAILS:
+        m = loop_metrics(text[-n:])
+        if m is not None and m[0] < ZLIB_RATIO and m[1] < DISTINCT_SHARE:
+            return True
+        if len(text) <= n:
+            break
+    return False
 
 
 def replacement_chars(text: str, cut: bool = False) -> bool:
@@ -71,10 +86,16 @@ def _pattern(specials: tuple[str, ...]) -> re.Pattern:
     return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
+QUOTES = "\"'`"
+
+
 def leaked_token(text: str, specials: tuple[str, ...]) -> str | None:
-    """The first of `specials` (special tokens' text) found in `text`, or None: one pass over the text
-    (a Llama tokenizer declares 256 of them)."""
+    """The first of `specials` (special tokens' text) found in `text` as a server leaks it, or None: one pass
+    over the text (a Llama tokenizer declares 256 of them). One right after a quote or backtick is quoted
+    (an answer about chat templates writes `"<|im_end|>"`), not leaked."""
     if not specials:
         return None
-    found = _pattern(specials).search(text)
-    return found.group(0) if found else None
+    for found in _pattern(specials).finditer(text):
+        if not found.start() or text[found.start() - 1] not in QUOTES:
+            return found.group(0)
+    return None

@@ -205,7 +205,8 @@ class Plan:
             self.words = [w if i % 2 == 0 else bad + (i // 2) % 2 for i, w in enumerate(words)]
         elif kind == "template_leak":
             leak = [len(VOCAB) + 2, len(VOCAB) + 3] + words[:5]
-            self.words = (words + leak)[:max_tokens] if max_tokens is not None else words + leak
+            keep = len(words) if max_tokens is None else max(1, min(len(words), max_tokens - len(leak)))
+            self.words = words[:keep] + leak
         self.n_reasoning = min(self.n_reasoning, len(self.words))
 
 
