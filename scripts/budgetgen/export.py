@@ -6,7 +6,12 @@ under export/validation/.
 
 - SpecForge (sgl-project/SpecForge): JSON Lines of {"id", "conversations": [{"role", "content"}]},
   which its data pipeline tokenizes with its own chat template. The generated turn keeps its
-  `reasoning_content` beside `content`, for templates that render it.
+  `reasoning_content` beside `content`, for templates that render it. Each line also carries the chat
+  template kwargs its request was made with (`enable_thinking: false` of a nothink cell) as top-level
+  fields: SpecForge 0.2.0's `build_eagle3_dataset` hands every column of a row but conversations, id and
+  tools to `apply_chat_template` as keyword arguments (data/preprocessing.py: `preprocess_conversations(
+  ..., **examples)` -> `parser.parse(..., **kwargs_item)`), so the row renders as the server rendered it
+  (its "thinking" parser forces `enable_thinking=True` for templates registered with thinking on).
 - Pre-tokenized JSON Lines, one `{"id", "input_ids", "loss_mask"}` object per line (plain JSON
   integers, `loss_mask` 0/1): the rows exactly as tokenized.arrow holds them. Both trainers read this
   with their own data preparation and pass the rows through untouched (no chat template, no
@@ -39,6 +44,7 @@ import numpy as np
 from budgetgen.errors import UserError
 from budgetgen.fsutil import atomic_output
 from budgetgen.raw_records import record_cell, record_split
+from budgetgen.turn_format import record_kwargs
 
 
 def to_specforge(raw_path: str | os.PathLike, out_path: str | os.PathLike, split: str = "train") -> int:
@@ -61,8 +67,8 @@ def to_specforge(raw_path: str | os.PathLike, out_path: str | os.PathLike, split
                 raise UserError(f"{raw_path}:{lineno}: not a budgetgen response record ({exc})") from None
             if record_split(rec) != split:
                 continue
-            out.write(json.dumps({"id": rec["id"], "conversations": turns, "cell": record_cell(rec)},
-                                 ensure_ascii=False) + "\n")
+            row = {"id": rec["id"], "conversations": turns, "cell": record_cell(rec), **record_kwargs(rec, {})}
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
     return n
 

@@ -20,7 +20,7 @@ from .budget import overshoot_pct
 from .errors import UserError
 from .failures import note_cause
 from .fsutil import write_json_atomic
-from .state import lanes_state
+from .state import lanes_state, short_lanes
 from .status import compute_status
 
 log = logging.getLogger("budgetgen.inference")
@@ -109,9 +109,10 @@ def finish(job: Job) -> int:
     job.errors.flush()
     dropped = (f" (generated {st.generated_tokens}; dropped by the quality gate: {quality.dropped_text(st.dropped)})"
                if st.dropped else "")
-    log.info(f"Done: budget {state}: kept {st.tokens} tokens in {st.records} responses{dropped}, budget {s.budget} "
-             f"({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} tokens, "
-             f"retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
+    short = short_lanes(lanes) if state == "met" else ""
+    log.info(f"Done: budget {state}{short}: kept {st.tokens} tokens in {st.records} responses{dropped}, "
+             f"budget {s.budget} ({overshoot_pct(st.tokens, s.budget):+.3f}%), discarded {stats.discarded_tokens} "
+             f"tokens, retries {stats.retries} {stats.retry_kinds or ''}, errors {len(rs.errored)}".rstrip()
              + (f"; conversations: {len(rs.chains)}, {left.chains_open} not finished, "
                 f"{left.chains_ended_by_error} ended by an error" if s.plan.turns == "all" else ""))
     if len(lanes) > 1:

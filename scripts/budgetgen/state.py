@@ -79,12 +79,23 @@ def lanes_of(info: Mapping[str, Any], budget: int | dict[str, int]) -> dict[str,
 
 
 def lanes_state(lanes: Mapping[str, Mapping[str, Any]]) -> str:
-    """met (every lane met), exhausted (every lane met or with nothing left, one not met), or partial."""
+    """met (every lane met; or every lane met or with nothing left and the lanes' total met: the dataset's
+    budget is, short_lanes() names the lanes short of their line), exhausted (every lane met or with
+    nothing left, the total short), or partial."""
     if all(v["tokens"] >= v["budget"] for v in lanes.values()):
         return MET
     if all(v["tokens"] >= v["budget"] or v["exhausted"] for v in lanes.values()):
-        return EXHAUSTED
+        met = sum(v["tokens"] for v in lanes.values()) >= sum(v["budget"] for v in lanes.values())
+        return MET if met else EXHAUSTED
     return PARTIAL
+
+
+def short_lanes(lanes: Mapping[str, Mapping[str, Any]]) -> str:
+    """` (short: validation/think at 91.9 % of its line)`: the lanes of a met dataset that ran out of prompts
+    before their own line, with their share of it; '' where none is."""
+    short = [f"{k} at {100 * v['tokens'] / v['budget']:.1f} % of its line" for k, v in lanes.items()
+             if v["budget"] and v["tokens"] < v["budget"]]
+    return f" (short: {', '.join(short)})" if short else ""
 
 
 def counted_under(info: Mapping[str, Any], policy_key: Mapping[str, Any]) -> bool:
@@ -188,6 +199,8 @@ def status_rows(name: str, files: DatasetFiles, budget: int | dict[str, int], po
                                   found.records > 0, done=False)
     if state == REFUSED:
         state = refused_state(info.get("settings_changed") or [])
+    if state.startswith(MET) and len(lanes) > 1:
+        state += short_lanes(lanes)
     tokens = int(info.get("tokens", 0))
     rows = [(name, tokens, total, max(0, total - tokens), int(info.get("responses", 0)), state, read_now)]
     if len(lanes) > 1:

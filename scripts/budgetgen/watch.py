@@ -143,6 +143,13 @@ def total(views: Sequence[DatasetView]) -> tuple[int, int, int, float, float | N
     return sum(v.tokens for v in views), sum(v.budget for v in views), left, tps, eta
 
 
+def short_text(views: Sequence[DatasetView]) -> str:
+    """`, 35,000 short in exhausted datasets`: the budget no job will run for (the finished datasets that
+    ran out of prompts before their budget), beside the tokens left to run; '' where there is none."""
+    short = sum(max(0, v.budget - v.tokens) for v in views if v.finished)
+    return f", {short:,} short in exhausted datasets" if short else ""
+
+
 TSV_COLUMNS = ["dataset", "tokens", "budget", "budget_pct", "responses", "generations_done", "generations",
                "state", "tok_s", "req_s", "eta_s", "errors", "dropped", "gpu_hours_left", "hidden_state_bytes_left"]
 
@@ -157,8 +164,9 @@ def format_tsv(views: Sequence[DatasetView]) -> str:
             "" if v.storage_left is None else v.storage_left)))
     tokens, budget, left, tps, eta = total(views)
     pct = f"{100.0 * tokens / budget if budget else 100:.2f}"
+    left_text = f"{left} left to run" + short_text(views)
     lines.append("\t".join(str(x) for x in ("TOTAL", tokens, budget, pct,
-                                           sum(v.responses for v in views), "", "", f"{left} left", f"{tps:.1f}",
+                                           sum(v.responses for v in views), "", "", left_text, f"{tps:.1f}",
                                            f"{sum(v.req_s for v in views):.2f}", "" if eta is None else f"{eta:.0f}",
                                            sum(v.errors for v in views), sum(v.dropped for v in views),
                                            _sum_or_blank([v.gpu_hours_left for v in views], "{:.2f}"),
@@ -184,7 +192,10 @@ def _rows(views):
 
     out = []
     for v in views:
-        exhausting = v.state == state.EXHAUSTED or (v.generations and v.generations_done >= v.generations)
+        # a dataset running out of prompts: the generations it has left; one that ran out (exhausted): its
+        # real share of the budget, like every other
+        exhausting = v.state != state.EXHAUSTED and not v.finished and bool(
+            v.generations and v.generations_done >= v.generations)
         bar = ((v.generations_done, max(1, v.generations)) if exhausting
                else (min(v.tokens, v.budget), max(1, v.budget)))
         out.append(([v.name, "", f"{v.tokens:,} / {v.budget:,}", f"{v.pct:.1f}", v.state, f"{v.tok_s:,.0f}",
@@ -192,8 +203,9 @@ def _rows(views):
                      "?" if v.gpu_hours_left is None else f"{v.gpu_hours_left:.2f}",
                      "?" if v.storage_left is None else human_bytes(v.storage_left)], bar))
     tokens, budget, left, tps, eta = total(views)
+    left_text = f"{left:,} tokens left to run" + short_text(views)
     out.append((["total", "", f"{tokens:,} / {budget:,}", f"{100.0 * tokens / budget if budget else 100:.1f}",
-                 f"{left:,} tokens left", f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
+                 left_text, f"{tps:,.0f}", f"{sum(v.req_s for v in views):.2f}", fmt_eta(eta),
                  str(sum(v.errors for v in views)), str(sum(v.dropped for v in views)),
                  _sum_or_blank([v.gpu_hours_left for v in views], "{:.2f}") or "?",
                  (human_bytes(sum(v.storage_left for v in views))

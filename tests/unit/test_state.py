@@ -121,3 +121,18 @@ def test_status_row_shows_a_settings_change_the_job_would_refuse(tmp_path):
                                       "see generation.on_settings_change") and row[6]
     row = state.status_row("D", f, 100, Policy(now, "regenerate"), counted(0, 0, {"old": old}))
     assert row[1] == 0 and row[5] == PARTIAL
+
+
+def test_a_dataset_whose_total_is_met_reads_met_naming_its_short_lanes():
+    """issue 42: 100.3 % of the total with the validation lane out of prompts at 91.9 % of its line is met,
+    not exhausted; the short lane is named with its share, and is exhausted on its own row."""
+    from budgetgen.state import lanes_state, short_lanes
+
+    lanes = {"default": {"tokens": 32_290, "budget": 31_500, "exhausted": False},
+             "default/validation": {"tokens": 3_217, "budget": 3_500, "exhausted": True}}
+    assert lanes_state(lanes) == MET
+    assert short_lanes(lanes) == " (short: default/validation at 91.9 % of its line)"
+    assert lanes_state({"default/validation": lanes["default/validation"]}) == EXHAUSTED
+    lanes["default"].update(tokens=31_000, exhausted=True)  # the total short too: exhausted
+    assert lanes_state(lanes) == EXHAUSTED
+    assert short_lanes({"a": {"tokens": 5, "budget": 5, "exhausted": False}}) == ""

@@ -79,6 +79,8 @@ def test_plain_table_has_every_dataset_its_state_and_no_escape_sequences():
     rows = {line.split()[0]: line for line in lines[2:]}
     assert "[##########----------]" in rows["A"] and " partial " in rows["A"]  # half the budget
     assert "[####################]" in rows["B_long_name"] and " met " in rows["B_long_name"]
-    assert "[####################]" in rows["C"] and " exhausted " in rows["C"]  # every generation asked
-    assert set(lines[-2]) == {"-"} and lines[-1].startswith("total") and "50 tokens left" in lines[-1]
+    # exhausted at 4 % of its budget: drawn at its real share (was: a full bar, every generation asked)
+    assert "[--------------------]" in rows["C"] and " exhausted " in rows["C"]
+    assert set(lines[-2]) == {"-"} and lines[-1].startswith("total")
+    assert "50 tokens left to run, 960 short in exhausted datasets" in lines[-1]  # no job will run C's 960
     assert len({re.search(r"[\d,]+ / [\d,]+", line).end() for line in lines[2:] if " / " in line}) == 1  # aligned

@@ -119,8 +119,13 @@ def test_a_two_cell_mixture_with_validation_meets_every_lane_through_a_kill(tmp_
     for sub, n in (("", train.num_rows), ("validation/", val.num_rows)):
         lines = wf.path("results", "D", "export", f"{sub}pretokenized.jsonl").read_text().splitlines()
         assert len(lines) == n and {json.loads(line)["cell"] for line in lines} == {"think", "nothink"}
-        convs = wf.path("results", "D", "export", f"{sub}specforge.jsonl").read_text().splitlines()
+        convs = [json.loads(x) for x in
+                 wf.path("results", "D", "export", f"{sub}specforge.jsonl").read_text().splitlines()]
         assert len(convs) == n
+        # the template kwargs each row's request was made with, where SpecForge hands a row's fields to
+        # apply_chat_template: a nothink row re-rendered by the trainer is rendered with thinking off
+        assert all(c["enable_thinking"] is False for c in convs if c["cell"] == "nothink")
+        assert all(c["enable_thinking"] is True for c in convs if c["cell"] == "think")
 
 
 def test_validation_split_by_content_and_prompts_shared_across_datasets(tmp_path, server, tiny_tokenizer):
