@@ -48,6 +48,7 @@ onstart:
     forget_earlier_failures()
     refuse_before_jobs()
     check_tokenizer_before_jobs()
+    canary_before_jobs()
 
 
 onerror:

@@ -8,7 +8,17 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.enums import Quietness
 
 sys.path.insert(0, os.path.join(workflow.basedir, "scripts"))
-from budgetgen import cluster, configcheck, estimate, failures, settings, state, status  # noqa: E402
+from budgetgen import (  # noqa: E402
+    canary,
+    cluster,
+    configcheck,
+    estimate,
+    failures,
+    settings,
+    state,
+    status,
+)
+from budgetgen.errors import UserError  # noqa: E402
 from budgetgen.paths import DatasetPaths  # noqa: E402
 
 DATASETS = sorted(config["datasets"])
@@ -194,6 +204,21 @@ def raw_responses_input(wildcards):
 
 
 REFUSED = {}  # {dataset: its status-table state}: a settings change its jobs would refuse
+PENDING = set()  # datasets whose status row says work is left (not met, exhausted or refused)
+
+
+def canary_before_jobs():
+    """Called from the Snakefile's onstart: server.canary asked once per run, before any job, when a job
+    of a dataset with work left is among them (budgetgen.canary)."""
+    mine = {job.wildcards.get("dataset") for job in workflow.dag.needrun_jobs()}
+    if not config["server"].get("canary") or not (mine & PENDING):
+        return
+    try:
+        line = canary.check_before_jobs(config, os.environ)
+    except UserError as exc:
+        raise WorkflowError(str(exc))
+    if line:
+        print(f"budgetgen: {line}", file=sys.stderr)
 
 
 def refuse_before_jobs():
@@ -218,6 +243,8 @@ def print_status_table():
             rows += mine
             if mine[0][5].startswith(state.REFUSED):
                 REFUSED[ds] = mine[0][5]
+            elif not mine[0][5].startswith((state.MET, state.EXHAUSTED)):
+                PENDING.add(ds)
             left.append(estimate.remaining(s, mine, expected))
         print(state.format_status_table(rows), file=sys.stderr)
         gpus = estimate.server_gpus(config["server"])

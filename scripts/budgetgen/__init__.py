@@ -15,6 +15,7 @@ One module per concern:
   quality      the quality gate: a response's facts (its journaled flags) and each cell's keep/flag/drop
   degenerate   degenerate output a broken server sends with HTTP 200: loops, U+FFFD, leaked special tokens
   breaker      per endpoint, its last responses' server faults: a server gone bad cut off, its responses blamed
+  canary       questions with known answers asked of every endpoint before the bulk run (server.canary)
   forecast     the storage forecast of an EAGLE-3 hidden-state dump (from the model's config.json)
   prompts      prompts.jsonl parsing (OpenAI / ShareGPT / prompt / instruction), stable ids, dispatch order
   prompts_check  every prompts file read at parse time: its first bad line, worker processes, a cache

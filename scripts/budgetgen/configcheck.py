@@ -163,6 +163,9 @@ def config_problem(config: dict[str, Any], configfiles: Iterable[str | os.PathLi
         problem = thinking_problem(config["server"], key)
         if problem:
             return problem
+    canary = config["server"].get("canary")
+    if canary and not os.path.isfile(canary["prompts"]):
+        return not_found("server.canary.prompts", canary["prompts"], configfiles)
     model_config = config["tokenizer"].get("model_config")
     if model_config and not os.path.isfile(model_config):
         return not_found("tokenizer.model_config", model_config, configfiles)

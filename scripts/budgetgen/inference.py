@@ -65,10 +65,9 @@ class InferenceJob:
         self.task_lane = {}  # task -> the LaneRun it generates for
         self.deferred = []  # prompts whose retries ran out this run
         self.failed = None  # an exception a background task (fsync clock) died of
-        self.last_ok = time.monotonic()
-        self.stats = RunStats()
+        self.last_ok, self.stats = time.monotonic(), RunStats()
         self.lock = self.run_state = self.errors = self.progress = self.stop_signal = None
-        self.client = self.server = self.writer = self.wake = self.blame = None
+        self.client = self.server = self.writer = self.wake = self.blame = self.api_key = None
 
     async def run_one(self, gen: Generation, progress: StreamProgress) -> None:
         """Ask one generation (its attempts: ask()) and journal its response."""
@@ -123,7 +122,7 @@ class InferenceJob:
         self.progress = JobProgress(s.dataset, s.budget, self.stats, rs, self.inflight, self.task_lane)
         if not any(lr.tokens < lr.lane.budget and (lr.queue or rs.pool[lr.lane.split]) for lr in rs.lanes.values()):
             return finish(self)
-        self.client, self.server = connect(s)
+        self.client, self.server, self.api_key = connect(s)
         self.blame = Blame(Breaker(*s.breaker), rs, self.client.pool, s.paths.journal)
         loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
@@ -145,6 +144,8 @@ class InferenceJob:
                 await self.server.wait_ready(self.client, stopping=lambda: self.stop_signal is not None)
             if self.stop_signal is None:
                 await self.client.check_server(wait_s=s.startup_wait_s)
+                if self.server and s.canary is not None:  # no server before this job started it: asked here
+                    log.info(await s.canary.check(self.client.urls, self.api_key, s.special_tokens))
                 urls = self.client.urls
                 cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(urls) > 1 else ""
                 log.info(f"Server {', '.join(urls)} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
@@ -247,9 +248,9 @@ async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[di
         return res, retries.attempts + 1
 
 
-def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
-    """(client, launched server or None) of a job: the server it launches with server.launch; the API key
-    from the environment."""
+def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None, str | None]:
+    """(client, launched server or None, API key) of a job: the server it launches with server.launch; the
+    API key from the environment."""
     api_key = None
     if s.api_key_env:
         api_key = os.environ.get(s.api_key_env)
@@ -269,7 +270,7 @@ def connect(s: InferenceSettings) -> tuple[ChatClient, LaunchedServer | None]:
                              concurrency=s.concurrency, endpoint_concurrency=s.endpoint_concurrency,
                              recheck_s=s.endpoint_recheck_s, continuous_usage_stats=s.continuous_usage_stats,
                              engine=s.engine, thinking_processor=s.thinking_processor, workers=workers)
-    return client, server
+    return client, server, api_key
 
 
 def log_endpoint_requests(client: ChatClient) -> None:

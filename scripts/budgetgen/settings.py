@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import engines
+from .canary import Canary
 from .conversations import Plan
 from .identity import (
     CONTENT_GENERATION_KEYS,
@@ -220,6 +221,7 @@ class InferenceSettings:
     special_tokens: tuple = ()  # the target tokenizer's special tokens (quality's template_leak)
     breaker: tuple = (50, 0.5)  # quality.breaker (window, share): budgetgen.breaker
     min_keep_share: float = 0.0  # quality.min_keep_share: a run that keeps less fails
+    canary: object = None  # canary.Canary of server.canary: the job asks it of a server it launches
     thinking_processor: str | None = None  # server.thinking_processor: SGLang's thinking-budget processor
 
     @classmethod
@@ -258,7 +260,7 @@ class InferenceSettings:
             reasoning_tags=reasoning_tags(config), thinking_processor=server.get("thinking_processor"),
             special_tokens=special_tokens(config["tokenizer"]["path"]),
             breaker=(int(quality["breaker"]["window"]), float(quality["breaker"]["share"])),
-            min_keep_share=float(quality["min_keep_share"]),
+            min_keep_share=float(quality["min_keep_share"]), canary=Canary.of(config),
         )
 
     @property

@@ -145,3 +145,38 @@ def test_a_kill_during_a_trip_loses_nothing(tmp_path, server, tiny_tokenizer):
     assert len(ids) == len(set(ids))
     done = json.loads(wf.path("results", "F", "inference.done").read_text())
     assert done["state"] == "met" and done["tokens"] >= 1200
+
+
+def canary_file(path, n=4):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"canary question {i}", "expect": r"\w+"}) + "\n")
+    return path
+
+
+def test_a_canary_that_fails_dispatches_nothing_and_names_its_lines(tmp_path, server, tiny_tokenizer):
+    bad = server("--mean-tokens", "20", "--garbage", "loop")
+    wf = make(tmp_path, bad.base_url, tiny_tokenizer)
+    wf.config["server"]["canary"] = {"prompts": str(canary_file(tmp_path / "canary.jsonl")), "min_pass": 0.75}
+    wf.write_config()
+    proc = wf.run("--cores", "2", "all", check=False)
+    assert proc.returncode != 0
+    assert f"server.canary: nothing was dispatched: {bad.base_url}: 0 of 4 passed (min_pass 0.75); failed: " \
+           f"{tmp_path / 'canary.jsonl'}:1: repetition: " in proc.output, proc.output[-3000:]
+    assert server_stats(bad)["requests"] == 4 and not wf.path("results", "F", "journal.jsonl").exists()
+    # a dry run asks nothing
+    wf.run("-n", "all")
+    assert server_stats(bad)["requests"] == 4
+
+
+def test_a_canary_that_passes_is_said_and_the_run_goes_on(tmp_path, server, tiny_tokenizer):
+    good = server("--mean-tokens", "20")
+    wf = make(tmp_path, good.base_url, tiny_tokenizer)
+    wf.config["server"]["canary"] = {"prompts": str(canary_file(tmp_path / "canary.jsonl")), "min_pass": 1.0}
+    wf.write_config()
+    proc = wf.run("--cores", "2", "all")
+    assert f"server.canary: {good.base_url} 4 of 4 passed (min_pass 1)" in proc.output
+    assert json.loads(wf.path("results", "F", "inference.done").read_text())["state"] == "met"
+    before = server_stats(good)["requests"]
+    wf.run("--cores", "2", "all")  # nothing left to do: no canary asked
+    assert server_stats(good)["requests"] == before
