@@ -18,8 +18,9 @@ then
   exit 2
 fi
 mkdir -p logs
+# --token-ids-tokenizer: a server of the demo tokenizer's model, whose usage counts that tokenizer's tokens
 python scripts/mock_server.py --port "$PORT" --model mock-model --length-dist lognormal --mean-tokens 120 \
-  --tokens-per-s 400 --reasoning-share 0.3 --seed 0 2> logs/demo_server.log &
+  --tokens-per-s 400 --reasoning-share 0.3 --seed 0 --token-ids-tokenizer demo/tokenizer 2> logs/demo_server.log &
 server=$!
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do

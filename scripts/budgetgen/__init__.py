@@ -46,6 +46,7 @@ One module per concern:
   chat_render  the chat template rendered as the engines render it (content parts, compiled + checked)
   rows         training rows: prompt + completion ids and loss masks (server ids or the text fallback)
   raw_records  raw_responses.jsonl read one way: a validated record, its split and cell
+  usage_check  rows built from text against the server's usage: a wrong tokenizer, parser or template refused
   tokenization the tokenize job's file driver: batches, worker pool, Arrow output with provenance
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv

@@ -104,12 +104,14 @@ class ChatClient:
     def request_body(self, messages: list[dict[str, Any]], params: Mapping[str, Any],
                      want_ids: bool = False) -> dict[str, Any]:
         """The chat request: the model, the messages, streaming with usage (the dialect's stream options),
-        the sampling parameters, extra_body, and the dialect's ids fields when ids are wanted."""
+        the sampling parameters, the dialect's fixed fields, extra_body, and the dialect's ids fields when
+        ids are wanted."""
         body = {"model": self.model, "messages": messages, "stream": True,
                 "stream_options": self.engine.stream_options(self.continuous_usage_stats)}
         for k in ("max_tokens", "temperature", "top_p", "seed"):
             if params.get(k) is not None:
                 body[k] = params[k]
+        body.update(self.engine.fixed_fields)
         body.update(params.get("extra_body") or {})
         body.update(self.engine.request_fields(want_ids))
         if params.get("thinking_budget") is not None:

@@ -311,6 +311,8 @@ class TokenizeSettings:
     policy: Policy  # which records' identities belong in the rows (extend: several, each row says its own)
     validation: bool  # the dataset has a validation split: tokenize writes each split's rows to its file
     gates: tuple = ()  # ((cell, quality.Gate), ...): what each cell's quality gate keeps
+    check_usage: bool = True  # tokenizer.check_usage: rows built from text held against the server's usage
+    engine: str = "openai"  # the server's dialect (budgetgen.engines), named when the usage check refuses
 
     @classmethod
     def from_config(cls, config: dict[str, Any], dataset: str, processes: int | None = None,
@@ -329,7 +331,8 @@ class TokenizeSettings:
             chat_template_kwargs=chat_template_kwargs(config, dataset),
             config_sha256=config_sha256(config, dataset), policy=settings_policy(config, dataset, mix),
             validation=validation_share(config, dataset) > 0,
-            gates=tuple((c.name, c.gate) for c in mix.cells),
+            gates=tuple((c.name, c.gate) for c in mix.cells), check_usage=bool(t["check_usage"]),
+            engine=engines.resolve(config["server"])[0],
         )
 
     def options(self, split: str = "train") -> TokenizeOptions:
@@ -345,4 +348,4 @@ class TokenizeSettings:
             allow_mixed_settings=self.allow_mixed_settings or self.policy.on_change == "extend"
             or len(self.policy.identities) > 1,
             max_skipped_pct=self.max_skipped_pct, split=split if self.validation else None,
-            config_sha256=self.config_sha256, gates=self.gates)
+            config_sha256=self.config_sha256, gates=self.gates, check_usage=self.check_usage, engine=self.engine)

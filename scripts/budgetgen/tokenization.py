@@ -34,6 +34,7 @@ from budgetgen.turn_format import (
     package_versions,
     tokenizer_sha256,
 )
+from budgetgen.usage_check import Agreement
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -64,6 +65,8 @@ class TokenizeOptions:
     config_sha256: str | None = None
     batch_size: int = 512
     gates: tuple = ()  # ((cell, quality.Gate), ...): the records each cell's gate drops make no row
+    check_usage: bool = True  # rows built from text held against the server's usage (budgetgen.usage_check)
+    engine: str = "openai"  # the server's dialect, named when that check refuses
 
     def __post_init__(self) -> None:
         check_options(self.max_length, self.chat_template_kwargs)  # once, before any tokenizer loads
@@ -123,7 +126,7 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
      kept_forced) = columns
     rows = []
     identities = {}  # sha -> readable settings, of the records of this chunk
-    server_rows = 0
+    server_rows, agreement = 0, Agreement()
     for (rid, rec, finish, sha), res, fate in zip(records, results, fates, strict=True):
         if sha not in identities:
             identities[sha] = {"settings": record_settings(rec), "cell": record_cell(rec)}
@@ -131,7 +134,11 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
             skipped[res] += 1
             first_skipped.setdefault(res, rid)
         else:
-            server_rows += bool(encoder.use_server_ids and rec.get("completion_token_ids"))
+            from_server = bool(encoder.use_server_ids and rec.get("completion_token_ids"))
+            server_rows += from_server
+            if not from_server and len(res[0]) < encoder.max_length:  # a whole row rebuilt from text
+                usage = rec.get("usage") or {}
+                agreement.add(rid, res[2] - res[1], usage.get("completion_tokens"), res[1], usage.get("prompt_tokens"))
             kept_ids.append(rid)
             kept_finish.append(finish)
             conv, turn = record_place(rid, rec)
@@ -147,7 +154,7 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
              "skipped": dict(skipped), "first_skipped": first_skipped,
              "error": error,
              "settings": dict(Counter(r[3] for r in records)), "identities": identities,
-             "server_id_rows": server_rows}
+             "server_id_rows": server_rows, "usage": agreement}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
@@ -242,6 +249,7 @@ class _Tally:
         self.first_error = None
         self.settings = Counter()  # identity sha -> records
         self.identities = {}  # identity sha -> readable settings
+        self.usage = Agreement()  # the rows built from text against the server's usage
 
     def add(self, stats):
         """A batch's stats; returns the first template error seen, once."""
@@ -252,6 +260,7 @@ class _Tally:
             self.identities.setdefault(sha, readable)
         self.skipped.update(stats["skipped"])
         self.dropped.update(stats["dropped"])
+        self.usage.merge(stats["usage"])
         for reason, rid in stats["first_skipped"].items():
             self.first_skipped.setdefault(reason, rid)
         for key in self.totals:
@@ -276,7 +285,7 @@ class _Tally:
             return (f"{input_path}: responses were generated with {len(self.settings)} different "
                     f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
                     "(or generation.on_settings_change: extend) to tokenize them together")
-        return None
+        return self.usage.problem(os.fspath(o.tokenizer), o.engine) if o.check_usage else None
 
     def metadata(self, o, tokenizer_path, template_sha):
         """The file's provenance: the generation identities its rows were made under (budgetgen.identity;
@@ -294,6 +303,7 @@ class _Tally:
             "max_length": int(o.max_length),
             "use_server_token_ids": bool(o.use_server_token_ids),
             "server_id_rows": self.totals["server_id_rows"],
+            "usage_check": {**self.usage.describe(), "on": bool(o.check_usage)},
             "trust_remote_code": bool(o.trust_remote_code),
             "reasoning_tags": list(o.reasoning_tags) if o.reasoning_tags else None,
             "config_sha256": o.config_sha256,

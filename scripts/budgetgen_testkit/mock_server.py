@@ -31,7 +31,9 @@ total_tokens). `--engine` picks the wire format of token ids and reasoning (with
           [...], "output_ids": [[...]]}}` before the usage chunk; `return_token_ids` with `stream: true` is
           HTTP 400 (SGLang's ErrorResponse body); unknown fields (e.g. `return_input_ids`) are dropped.
   llamacpp  (llama.cpp's llama-server at 0c1e570, vendored in llama-cpp-python 0.3.36) reasoning in
-          `delta.reasoning_content`; the first chunk's delta `{"role": "assistant", "content": null}`;
+          `delta.reasoning_content`, or with the request's `reasoning_format: "none"` (server-common.cpp)
+          in the content between `<think>` and `</think>`, counted as tokens; the first chunk's delta
+          `{"role": "assistant", "content": null}`;
           usage only on the final `choices: []` chunk (`continuous_usage_stats` is not in its schema:
           ignored); no token ids in chat streams (id fields are ignored).
 
@@ -93,7 +95,8 @@ RELEASED = {
 # Tokens only a broken server sends (--garbage): never drawn for a response (draws take VOCAB's indices), put
 # in by garble(): the marks of undecodable bytes, and a Qwen/ChatML template's turn tokens as text.
 GARBAGE_TOKENS = ["\ufffd", "\ufffd\ufffd", "<|im_end|>", "\n<|im_start|>user\n"]
-TOKENS = VOCAB + GARBAGE_TOKENS
+THINK_TOKENS = ["<think>", "</think>"]  # llamacpp with reasoning_format none: the reasoning's tags in the content
+TOKENS = VOCAB + GARBAGE_TOKENS + THINK_TOKENS
 _J0 = [json.dumps(w).encode() for w in TOKENS]  # a token's JSON string, first in its field
 _J1 = [json.dumps(" " + w).encode() for w in TOKENS]  # later tokens: with a leading space
 _B0 = [j[1:-1] for j in _J0]  # the same without the quotes, to join several tokens in one string
@@ -605,20 +608,18 @@ class MockServer:
         start = mask.index(1) if 1 in mask else len(ids)
         return ids[:start], ids[start:]
 
-    def ask_ids(self, plan, messages, body, headers):
-        """Set the plan's ids as the engine of --engine sends them for this request (module docstring)."""
+    def ask_ids(self, plan, prompt_ids, body, headers):
+        """Set the plan's ids as the engine of --engine sends them for this request (module docstring);
+        `prompt_ids` and plan.output_ids: what the tokenizer made of it (token_ids())."""
         if RELEASED[self.cfg.engine]["ids"] == "vllm":
-            if body.get("return_token_ids"):
-                prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
-                if body.get("include_reasoning", True) is not False:
-                    plan.prompt_ids, plan.token_ids = prompt_ids, plan.output_ids
+            if body.get("return_token_ids") and body.get("include_reasoning", True) is not False:
+                plan.prompt_ids, plan.token_ids = prompt_ids, plan.output_ids
             return
         want_in = (body.get("return_input_ids_in_sglext") or headers.get("x-sglext-return-input-ids") == "1"
                    or self.cfg.sglang_return_ids)
         want_out = (body.get("return_output_ids_in_sglext") or headers.get("x-sglext-return-output-ids") == "1"
                     or self.cfg.sglang_return_ids)
         if want_in or want_out:
-            prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
             plan.sglext_ids = (prompt_ids if want_in else None, plan.output_ids if want_out else None)
 
     # -- lifecycle
@@ -809,8 +810,16 @@ class MockServer:
             return self.send_stream_error(conn, req, refusal)
         if refusal is not None:
             return self.send_json(conn, req, 400, refusal, chat=True)
-        if cfg.token_ids_tokenizer and behaviour["ids"]:
-            self.ask_ids(plan, messages, body, req.headers)
+        if cfg.engine == "llamacpp" and body.get("reasoning_format") == "none" and plan.n_reasoning:
+            # llama-server (server-common.cpp) with reasoning_format none: no parser, the raw text is the content
+            r, think = plan.n_reasoning, len(VOCAB) + len(GARBAGE_TOKENS)
+            plan.words = [think] + plan.words[:r] + [think + 1] + plan.words[r:]
+            plan.n_reasoning = 0
+        if cfg.token_ids_tokenizer:  # a server of this tokenizer's model: its usage counts its tokens
+            prompt_ids, plan.output_ids = self.token_ids(messages, plan, body)
+            prompt_tokens = len(prompt_ids) or prompt_tokens
+            if behaviour["ids"]:
+                self.ask_ids(plan, prompt_ids, body, req.headers)
 
         await self.slots.acquire(conn)
         job = Job(stats.epoch)
@@ -1081,8 +1090,9 @@ def build_parser():
                    help="field name of reasoning text (default: the engine's, vLLM reasoning, SGLang and "
                         "llama.cpp reasoning_content)")
     g.add_argument("--token-ids-tokenizer", metavar="PATH",
-                   help="tokenizer folder: answer token-id requests (the engine's fields) with the generated "
-                        "turn's ids as this tokenizer's chat template tokenizes it (needs transformers)")
+                   help="tokenizer folder: the served model's. Usage counts its tokens (the prompt as its chat "
+                        "template renders it, the generated turn as it tokenizes it), and token-id requests (the "
+                        "engine's fields) get those ids (needs transformers)")
     g.add_argument("--sglang-return-ids", action="store_true",
                    help="with --engine sglang: send the sglext ids on every request, as SGLang launched with "
                         "--return-input-ids --return-output-ids")

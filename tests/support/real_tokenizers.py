@@ -331,7 +331,8 @@ def build_case(family, tokenizer, mode, case):
         "finish_reason": finish,
         "params": params,
         "served_model": family.folder,
-        "usage": {"completion_tokens": len(supervised)},
+        # what a server of this model counts: every generated token (the stop token too), the prompt it rendered
+        "usage": {"completion_tokens": len(supervised), "prompt_tokens": len(ids(tokenizer, prompt_text))},
     }
     return Case(record["id"], mode, record, ids(tokenizer, prompt_text), supervised)
 
