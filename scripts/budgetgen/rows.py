@@ -87,6 +87,7 @@ class RowEncoder:
         self.max_length = operator.index(max_length)
         self.kwargs = dict(chat_template_kwargs or {})
         self.formats = {}  # kwargs json -> TurnFormat (the eot may depend on the template's switches)
+        self.compared, self.rerender_checked, self.rerender_differs = [], 0, 0  # see encode()
         self.backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         if self.backend is not None:
             # One call through the tokenizer sets the backend up as __call__ would (no truncation, no
@@ -120,6 +121,7 @@ class RowEncoder:
         completion ids, the indices whose prompt is rendered here)."""
         n = len(records)
         results, prompt_ids, completion_ids, need_prompt = [None] * n, [None] * n, [None] * n, []
+        self.compared = []  # indices whose server prompt ids the template's render is compared with
         for i, rec in enumerate(records):
             server = rec.get("completion_token_ids") if self.use_server_ids else None
             if server:
@@ -129,6 +131,7 @@ class RowEncoder:
                 completion_ids[i] = list(server)
                 if rec.get("prompt_token_ids"):
                     prompt_ids[i] = list(rec["prompt_token_ids"])
+                    self.compared.append(i)
                     continue
             need_prompt.append(i)
         return results, prompt_ids, completion_ids, need_prompt
@@ -138,17 +141,20 @@ class RowEncoder:
 
         The loss mask is 1 on ids[prompt_len:end] and 0 elsewhere. A record is a journal record
         (dict with "messages", "finish_reason", "params"?, "prompt_token_ids"?, "completion_token_ids"?).
+        A record with the server's prompt ids has its prompt rendered here too, only to compare:
+        `rerender_checked` / `rerender_differs` say, for the last call, how many were and how many of them
+        the chat template renders otherwise (what a trainer that re-renders the rows would get wrong).
         """
         n = len(records)
         results, prompt_ids, completion_ids, need_prompt = self._server_ids(records)
         first_error = None
         # render the prompts, one group per chat_template_kwargs (each record's own)
         groups = {}
-        for i in need_prompt:
+        for i in need_prompt + self.compared:
             kwargs = record_kwargs(records[i], self.kwargs)
             groups.setdefault(json.dumps(kwargs, sort_keys=True), (kwargs, []))[1].append(i)
         texts_of = {}  # index -> completion text to tokenize
-        prompt_text = {}
+        prompt_text, compare_text, compared = {}, {}, set(self.compared)
         for kwargs, idx in groups.values():
             fmt = self.turn_format(kwargs)
             rendered, err = self.renderer.render([records[i]["messages"][:-1] for i in idx], True, kwargs)
@@ -156,6 +162,9 @@ class RowEncoder:
             for i, text in zip(idx, rendered):
                 if text is None:
                     results[i] = TEMPLATE_ERROR
+                    continue
+                if i in compared:  # the server's own prompt ids: the render only compared with them
+                    compare_text[i] = text
                     continue
                 prompt_text[i] = text
                 if completion_ids[i] is None:
@@ -168,6 +177,9 @@ class RowEncoder:
         order = [i for i in prompt_text if results[i] is None]
         for i, ids in zip(order, self.ids([prompt_text[i] for i in order])):
             prompt_ids[i] = ids
+        self.rerender_differs = sum(ids != prompt_ids[i] for i, ids in
+                                    zip(compare_text, self.ids(list(compare_text.values()))))
+        self.rerender_checked = len(compare_text)
         order = [i for i in texts_of if results[i] is None]
         for i, ids in zip(order, self.ids([texts_of[i][0] for i in order])):
             eot = texts_of[i][1]

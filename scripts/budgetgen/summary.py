@@ -30,7 +30,7 @@ COLUMNS = ["dataset", "cell", "split", "prompts", "responses", "completion_token
            "budget_pct", "status", "mean_length", "p50_length", "p95_length", "cut_at_max_tokens_pct", "errors",
            "tokenized_rows", "validation_rows", "row_tokens", "hidden_state_bytes", "tokenize_skipped",
            "cross_dataset_duplicates", "conversations", "conversations_finished", "conversations_ended_by_error",
-           "tokens_per_turn", "kept_tokens", "dropped", "flagged"]
+           "tokens_per_turn", "kept_tokens", "dropped", "flagged", "rows_off_usage", "rerender_differs"]
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> int:
@@ -117,7 +117,7 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
     tokens = sum(lengths)
     lengths.sort()
     status = budget_state(raw.all.kept_tokens, budget, exhausted=left.to_ask == 0)
-    rows, skipped = "", ""
+    rows, skipped, off, rerender = "", "", "", ""
     if tokenized_path and os.path.exists(tokenized_path):
         import json
 
@@ -129,6 +129,11 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
             rows = sum(b.num_rows for b in reader)
         # records tokenize could not make into rows, per reason (tokenization's skip reasons)
         skipped = ";".join(f"{k}={v}" for k, v in sorted((meta.get("skipped") or {}).items())) or "0"
+        # rows built from text off the server's usage (budgetgen.usage_check: n of checked), and rows of the
+        # server's prompt ids whose prompt the chat template renders otherwise (a trainer re-rendering errs)
+        check, again = meta.get("usage_check") or {}, meta.get("rerender") or {}
+        off = f"{max(check.get('completion_off', 0), check.get('prompt_off', 0))}/{check.get('rows', 0)}"
+        rerender = f"{again.get('differs', 0)}/{again.get('checked', 0)}"
     n = len(lengths)
     return {
         "dataset": dataset, "cell": "all", "split": "all", "budget_share": "1", "validation_rows": "",
@@ -141,7 +146,7 @@ def dataset_row(dataset: str, raw: RawCounts, budget: int, prompts_path: str | o
         "conversations_finished": len(chain_list) - left.chains_open - left.chains_ended_by_error,
         "conversations_ended_by_error": left.chains_ended_by_error,
         "tokens_per_turn": ";".join(f"{t}:{per_turn[t]}" for t in sorted(per_turn)) or "0",
-        **raw.all.columns(),
+        "rows_off_usage": off, "rerender_differs": rerender, **raw.all.columns(),
     }
 
 

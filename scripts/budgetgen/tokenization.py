@@ -154,7 +154,8 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
              "skipped": dict(skipped), "first_skipped": first_skipped,
              "error": error,
              "settings": dict(Counter(r[3] for r in records)), "identities": identities,
-             "server_id_rows": server_rows, "usage": agreement}
+             "server_id_rows": server_rows, "usage": agreement,
+             "rerender_checked": encoder.rerender_checked, "rerender_differs": encoder.rerender_differs}
     if not rows:
         stats.update(rows=0, tokens=0, supervised_tokens=0)
         return None, stats
@@ -243,7 +244,8 @@ class _Tally:
     """What the batches of one file add up to: records, rows, tokens, skips, identities."""
 
     def __init__(self):
-        self.totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0}
+        self.totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0, "rerender_checked": 0,
+                       "rerender_differs": 0}
         self.skipped, self.first_skipped, self.dropped = Counter(), {}, Counter()
         self.records = self.other_split = 0
         self.first_error = None
@@ -304,6 +306,8 @@ class _Tally:
             "use_server_token_ids": bool(o.use_server_token_ids),
             "server_id_rows": self.totals["server_id_rows"],
             "usage_check": {**self.usage.describe(), "on": bool(o.check_usage)},
+            # rows with the server's prompt ids whose prompt the chat template renders otherwise
+            "rerender": {"checked": self.totals["rerender_checked"], "differs": self.totals["rerender_differs"]},
             "trust_remote_code": bool(o.trust_remote_code),
             "reasoning_tags": list(o.reasoning_tags) if o.reasoning_tags else None,
             "config_sha256": o.config_sha256,

@@ -68,3 +68,18 @@ def test_bad_completion_token_ids_is_a_one_line_error(tmp_path, tiny_tokenizer):
     with pytest.raises(UserError, match=r"raw.jsonl:1: \"completion_token_ids\" must be a list of integers"):
         tokenize_file(src, tmp_path / "out.arrow", TokenizeOptions(tokenizer=tiny_tokenizer, max_length=1024),
                       log=lambda m: None)
+
+
+def test_the_encoder_counts_server_prompts_the_template_renders_otherwise(tok):
+    """summary.tsv's rerender_differs: of the rows made of the server's prompt ids, those whose prompt the
+    chat template of tokenizer.path renders to other ids (what a trainer that re-renders would get wrong)."""
+    from budgetgen.rows import RowEncoder
+
+    ids, mask = encode_batch(tok, [record()], 4096)[0]
+    start = mask.index(1)
+    same = record(prompt_token_ids=ids[:start], completion_token_ids=ids[start:])
+    other = record(id="b", prompt_token_ids=ids[:start] + [ids[0]], completion_token_ids=ids[start:])
+    encoder = RowEncoder(tok, 4096)
+    results, _ = encoder.encode([same, other, record(id="c")])  # c: text, rendered for its row, not compared
+    assert all(not isinstance(r, str) for r in results)
+    assert (encoder.rerender_checked, encoder.rerender_differs) == (2, 1)
