@@ -92,3 +92,24 @@ def test_thinking_token_budget_and_token_ids_against_vllm_cpu(tmp_path, vllm):
     done = json.loads(wf.path("results", "capped", "inference.done").read_text())
     assert done["dropped"] == {}  # by reason: flagged, none dropped
     assert "Nothing to be done" in wf.run("-n", "all").output
+
+
+def test_rows_rebuilt_from_text_agree_with_vllms_own_usage(tmp_path, vllm):
+    """budgetgen.usage_check against the real engine: the rows rebuilt from text (no server ids) have
+    exactly the completion tokens (reasoning tags and stop token included) and prompt tokens vLLM's usage
+    counts, with its reasoning parser on: the check passes a right setup."""
+    import pyarrow as pa
+
+    base_url, model_dir = vllm
+    wf_dir = tmp_path / "work"
+    write_prompts(wf_dir / "prompts" / "text.jsonl", 12, prefix="text")
+    config = base_config(base_url, model_dir, {"text": {"prompts": "prompts/text.jsonl", "token_budget": 10**6}},
+                         max_tokens=64, concurrency=2, temperature=0.7)
+    config["server"].update(model=str(model_dir), engine="vllm")
+    config["tokenizer"]["check_usage"] = True
+    wf = Workflow(wf_dir, config)
+    wf.run("--cores", "2", "all", timeout=600)
+    with pa.OSFile(str(wf.path("results", "text", "tokenized.arrow")), "rb") as f:
+        meta = json.loads(pa.ipc.open_stream(f).schema.metadata[b"budgetgen"])
+    assert meta["server_id_rows"] == 0
+    assert meta["usage_check"] == {"rows": 12, "completion_off": 0, "prompt_off": 0, "on": True}, meta["usage_check"]
