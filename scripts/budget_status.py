@@ -10,7 +10,7 @@ time, so the budget is deliberately not an input here.
 import argparse
 
 from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
-from budgetgen.errors import entry_point
+from budgetgen.entry import entry_point
 from budgetgen.fsutil import write_json_atomic
 from budgetgen.settings import InferenceSettings
 from budgetgen.status import compute_status

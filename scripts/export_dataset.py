@@ -13,7 +13,7 @@ pre-tokenized rows (id, input_ids, loss_mask, attention_mask). See budgetgen/exp
 
 import argparse
 
-from budgetgen.errors import entry_point
+from budgetgen.entry import entry_point
 
 
 def main(argv=None):

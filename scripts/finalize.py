@@ -13,7 +13,7 @@ import argparse
 
 from budgetgen import journal
 from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
-from budgetgen.errors import entry_point
+from budgetgen.entry import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.identity import record_sha
 from budgetgen.settings import InferenceSettings

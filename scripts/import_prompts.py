@@ -14,7 +14,8 @@ bad rows are skipped and counted downstream instead).
 import argparse
 import json
 
-from budgetgen.errors import UserError, entry_point
+from budgetgen.entry import entry_point
+from budgetgen.errors import UserError
 
 
 def main(argv=None):

@@ -13,7 +13,8 @@ import shutil
 import sys
 import tempfile
 
-from budgetgen.errors import UserError, run_main
+from budgetgen.entry import run_main
+from budgetgen.errors import UserError
 
 
 def parse_args(argv):

@@ -13,7 +13,7 @@ Every other reader refuses such records in one line naming this command.
 import argparse
 
 from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files
-from budgetgen.errors import run_main
+from budgetgen.entry import run_main
 from budgetgen.migration import migrate_dataset
 from budgetgen.settings import InferenceSettings
 

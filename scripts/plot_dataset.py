@@ -10,7 +10,8 @@ import os
 
 from budgetgen import plots
 from budgetgen.conversations import TURNS, Plan
-from budgetgen.errors import UserError, entry_point
+from budgetgen.entry import entry_point
+from budgetgen.errors import UserError
 from budgetgen.quality import Gate
 from budgetgen.settings import InferenceSettings, generation_plan
 from budgetgen.summary import dataset_row, mixture_status, read_raw

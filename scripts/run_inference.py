@@ -15,7 +15,7 @@ import logging
 import sys
 
 from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
-from budgetgen.errors import entry_point
+from budgetgen.entry import entry_point
 from budgetgen.inference import run
 from budgetgen.settings import InferenceSettings, generation_setting
 

@@ -13,7 +13,7 @@ import os
 
 from budgetgen import prompts
 from budgetgen.configfile import load_config
-from budgetgen.errors import entry_point
+from budgetgen.entry import entry_point
 from budgetgen.fsutil import atomic_output
 from budgetgen.mixture import VALIDATION
 from budgetgen.settings import InferenceSettings

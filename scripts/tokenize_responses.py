@@ -13,7 +13,8 @@ Named so as not to shadow the stdlib `tokenize` module.
 import argparse
 
 from budgetgen.configfile import add_dataset_arguments, dataset_config, declared_files, snakemake_paths
-from budgetgen.errors import UserError, entry_point
+from budgetgen.entry import entry_point
+from budgetgen.errors import UserError
 from budgetgen.settings import TokenizeSettings
 
 

@@ -28,7 +28,8 @@ import sys
 import time
 
 from budgetgen.configfile import load_config
-from budgetgen.errors import UserError, run_main
+from budgetgen.entry import run_main
+from budgetgen.errors import UserError
 from budgetgen.watch import Watcher, format_plain, format_tsv, render
 
 DEFAULT_CONFIGS = ("config.yaml", os.path.join("config", "config.yaml"))  # as snakemake -d finds them

@@ -1,7 +1,8 @@
 """budgetgen: budgeted response generation for speculative-decoding draft training data.
 
 One module per concern:
-  errors       UserError, the one-line error every entry point prints
+  errors       UserError, the one-line error every entry point prints (at the ground: imports nothing)
+  entry        how an entry point runs: command line or Snakemake script (argv, log, one-line error, cause)
   failures     a failed job's one-line cause, recorded by the job and said last by onerror
   fsutil       atomic writes
   paths        where a dataset's files live (DatasetPaths)
@@ -48,6 +49,7 @@ One module per concern:
   raw_records  raw_responses.jsonl read one way: a validated record, its split and cell
   usage_check  rows built from text against the server's usage: a wrong tokenizer, parser or template refused
   tokenization the tokenize job's file driver: batches, worker pool, Arrow output with provenance
+  tokenize_counts  what a tokenized file's batches add up to: counts, refusal, provenance, summary line
   export       the layouts draft-model trainers read (SpecForge, pre-tokenized JSON Lines, HF dataset)
   summary      results/summary.tsv
   plots        the report's figures of one dataset (data functions + matplotlib drawing)

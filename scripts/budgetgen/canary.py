@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import engines
-from .client import ChatClient
 from .errors import UserError
 from .quality import SERVER_FAULTS, observe
-from .streams import PermanentError, TransientError
 from .turn_format import special_tokens
 
 if TYPE_CHECKING:
@@ -118,6 +116,9 @@ class Canary:
     async def failures(self, url: str, lines: Sequence[Line], api_key: str | None,
                        specials: Sequence[str]) -> list[str]:
         """Every line asked of one endpoint (at once): the failures."""
+        from .client import ChatClient  # here: building the settings (Canary.of) loads no HTTP client
+        from .streams import PermanentError, TransientError
+
         client = ChatClient([url], self.model, api_key=api_key, timeout_s=self.timeout_s,
                             concurrency=max(1, len(lines)), engine=self.engine, continuous_usage_stats=False)
 

@@ -43,15 +43,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .errors import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
     from .conversations import Plan
-    from .journal import IdentityCount
 
 POLICIES = ("refuse", "regenerate", "extend")
 SHA_LEN = 16
@@ -67,6 +69,17 @@ CONTENT_GENERATION_KEYS = ("token_budget", "max_tokens", "temperature", "top_p",
                            "thinking_budget")
 CONTENT_TOKENIZER_KEYS = ("path", "max_length", "allow_mixed_settings", "use_server_token_ids",
                           "trust_remote_code", "reasoning_tags", "max_skipped_pct")
+
+
+@dataclass
+class IdentityCount:
+    """The records of one generation identity in a journal (budgetgen.journal counts them), and its
+    settings."""
+
+    records: int = 0
+    tokens: int = 0
+    settings: dict | None = None
+    cell: str | None = None  # the mixture cell its first record names (budgetgen.mixture)
 
 
 def _canonical(obj):
@@ -179,10 +192,19 @@ def record_sha(record: Mapping[str, Any], where: str) -> str:
     sha = record.get("identity")
     if isinstance(sha, str) and sha:
         return sha
-    from .errors import UserError
-    from .migration import legacy_line
-
     raise UserError(legacy_line(where))
+
+
+MIGRATE_COMMAND = "python scripts/migrate_journal.py --config CONFIG --dataset {dataset}"
+
+
+def legacy_line(where: str) -> str:
+    """The one line a reader says of a record without an identity at `where` (FILE:LINE): the migration
+    that stamps it (budgetgen.migration)."""
+    path = where.rsplit(":", 1)[0]
+    dataset = os.path.basename(os.path.dirname(os.path.abspath(path))) or "D"
+    return (f"{where}: a record written before generation identities (no \"identity\"): migrate the dataset's "
+            f"journal once with `{MIGRATE_COMMAND.format(dataset=dataset)}` (nothing is regenerated), then rerun")
 
 
 def record_settings(record: Mapping[str, Any]) -> dict[str, Any] | None:

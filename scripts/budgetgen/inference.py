@@ -40,10 +40,10 @@ from .breaker import Blame, Breaker, Response
 from .client import ChatClient
 from .errors import UserError
 from .launch import LaunchedServer
-from .outcome import EXIT_SIGNAL, finish, keep_failure, release, server_broken, stopped
+from .outcome import EXIT_SIGNAL, finish, keep_failure, prove_server, release, server_broken, stopped
 from .plan import Generation, prepare
 from .progress import JobProgress, RunStats, StreamProgress
-from .retries import PermanentErrors, RequestRetries, ServerDown, prove_server
+from .retries import PermanentErrors, RequestRetries, ServerDown
 from .settings import InferenceSettings
 from .stream_workers import StreamWorkers
 from .streams import PermanentError, TransientError

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import UserError
-from .identity import record_settings, record_sha
+from .identity import IdentityCount, record_settings, record_sha
 from .journal_write import (
     JournalLock,
     JournalWriter,
@@ -55,23 +55,13 @@ if TYPE_CHECKING:
 
 __all__ = ["JournalLock", "JournalWriter", "append_error", "encode_record", "repair_tail", "response_record",
            "whole_lines", "parse_line_fast", "parse_line", "line_flags", "scan", "iter_records", "records_by_id",
-           "errors_by_identity", "blamed_path", "blamed_keys", "JournalState", "IdentityCount", "LaneCount"]
+           "errors_by_identity", "blamed_path", "blamed_keys", "JournalState", "LaneCount"]
 
 _ID_HEAD = re.compile(r'^\{"id": ?"((?:[^"\\]|\\.)*)"(?:, ?"identity": ?"([0-9a-f]+)")?')
 _TOKENS_TAIL = re.compile(r'"completion_tokens": ?(\d+)')
 _PROMPT_TAIL = re.compile(r'"prompt_tokens": ?(\d+)')
 _FLAGS_TAIL = re.compile(r'"flags": ?\[([^\]]*)\], ?"usage":')
 _FLAG_WORD = re.compile(r'"([a-z_]+)"')
-
-
-@dataclass
-class IdentityCount:
-    """The records of one generation identity (budgetgen.identity) in a journal, and its settings."""
-
-    records: int = 0
-    tokens: int = 0
-    settings: dict | None = None
-    cell: str | None = None  # the mixture cell its first record names (budgetgen.mixture)
 
 
 @dataclass

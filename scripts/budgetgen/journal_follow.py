@@ -10,8 +10,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .errors import UserError
-from .identity import record_settings, record_sha
-from .journal import IdentityCount, blamed_keys, blamed_path, decode_line, is_blamed, parse_line
+from .identity import IdentityCount, record_settings, record_sha
+from .journal import blamed_keys, blamed_path, decode_line, is_blamed, parse_line
 from .quality import KEPT, record_flags
 
 

@@ -2,7 +2,7 @@
 
 A record of `results/D/journal.jsonl` or `results/D/errors.jsonl` that carries no `"identity"` was
 written by a release before generation identities (budgetgen.identity). Every reader refuses such a
-record in one line naming this migration (`legacy_line`); nothing reads it any other way.
+record in one line naming this migration (`identity.legacy_line`); nothing reads it any other way.
 
 migrate_dataset() stamps each such record with the identity its params imply (identity.legacy_identity;
 a record with a `sample` field was made with the configured samples_per_prompt), in the journal's layout
@@ -25,16 +25,6 @@ from .identity import legacy_identity
 
 if TYPE_CHECKING:
     from .paths import DatasetPaths
-
-COMMAND = "python scripts/migrate_journal.py --config CONFIG --dataset {dataset}"
-
-
-def legacy_line(where: str) -> str:
-    """The one line a reader says of a record without an identity at `where` (FILE:LINE)."""
-    path = where.rsplit(":", 1)[0]
-    dataset = os.path.basename(os.path.dirname(os.path.abspath(path))) or "D"
-    return (f"{where}: a record written before generation identities (no \"identity\"): migrate the dataset's "
-            f"journal once with `{COMMAND.format(dataset=dataset)}` (nothing is regenerated), then rerun")
 
 
 def _stamped(line, where, samples):

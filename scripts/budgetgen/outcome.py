@@ -2,7 +2,8 @@
 lanes; the done marker only for met or exhausted), stopped() (a signal), and the two failures of a server
 or setup that answer but make no data: keep_failure() (a lane whose responses the quality gate does not
 keep: quality.keep_problem) and server_broken() (every endpoint cut off by the breaker). Each failure's
-line is the job's last, and its cause (budgetgen.failures).
+line is the job's last, and its cause (budgetgen.failures); and prove_server(), the proof that the server works
+when every request of a run failed permanently (before those errors are called the prompts').
 
 `job` is the budgetgen.inference.InferenceJob (its settings `s`, `run_state`, `stats`, `errors`, `progress`,
 `deferred`, `blame`, `stop_signal`); this module reads it and never imports that one.
@@ -10,6 +11,7 @@ line is the job's last, and its cause (budgetgen.failures).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import time
@@ -20,8 +22,10 @@ from .budget import overshoot_pct
 from .errors import UserError
 from .failures import note_cause
 from .fsutil import write_json_atomic
+from .retries import RequestRetries
 from .state import lanes_state, short_lanes
 from .status import compute_status
+from .streams import PermanentError, TransientError
 
 log = logging.getLogger("budgetgen.inference")
 
@@ -160,3 +164,49 @@ def release(job: Job) -> None:
         log.info(f"budget status not rewritten ({job.s.paths.status}): {exc}")
     finally:
         job.lock.release()
+
+
+async def prove_server(job: Job) -> None:
+    """Every request of this run failed permanently: that the server works under these settings must
+    be proved in this run before the errors are the prompts' (an earlier run's records prove nothing
+    about a setting changed since). One prompt answered before is asked again (the answer is not
+    kept): answered, the errors are recorded and the run goes on to its end; refused too, the
+    settings are at fault: one line, nothing recorded."""
+    s, rs = job.s, job.run_state
+    first = job.errors.first()
+    failed = f"{job.stats.errors} requests of this run failed permanently (first: {first['id']}: HTTP " \
+             f"{first['status']}: {first['error'][:200]})"
+    probe, lr = next(((c, lr) for lr in rs.lanes.values() for c in lr.chains if c.turn_id(1) in rs.journaled.ids),
+                     (None, None))
+    if probe is None:
+        raise UserError(f"no response from the server for any prompt of this run: {failed}; nothing recorded; "
+                        f"{likely_setting(first['error'], s)}")
+    log.info(f"{failed}; asking {probe.turn_id(1)}, answered before, again to tell the prompts' errors "
+             "from the server's or the settings'")
+    retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
+    while True:
+        try:
+            await job.client.chat(probe.request(1), lr.cell.params, want_ids=s.want_ids)
+            break
+        except TransientError as exc:
+            delay = retries.delay_after(exc, max(job.last_ok, job.client.last_byte), job.client.urls)
+            if delay is None:
+                raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails too: {exc}; "
+                                "nothing recorded; rerun when the server answers") from None
+            await asyncio.sleep(delay)
+        except PermanentError as exc:
+            raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails the same way ({exc}): "
+                            f"the settings, not the prompts, are at fault; nothing recorded; "
+                            f"{likely_setting(str(exc), s)}") from None
+    log.info(f"{probe.turn_id(1)} answered: the server works under these settings; the errors are the prompts'")
+    job.errors.success()
+
+
+def likely_setting(message: str, s: Any) -> str:
+    """The setting a permanent error that every request meets most likely comes from, for its one line."""
+    text = message.lower()
+    if any(w in text for w in ("context", "max_tokens", "maximum", "too long", "length")):
+        return (f"likely generation.max_tokens ({s.max_tokens}): prompt + max_tokens past the model's context "
+                "length; lower it")
+    return ("likely a setting every request sends: server.model, generation.temperature / top_p / extra_body "
+            "(e.g. a chat_template_kwargs key the server refuses)")

@@ -16,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from . import journal
-from .errors import terminal
+from .entry import terminal
 from .quality import budget_outcome
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class JobProgress:
         return line
 
     def to_terminal(self, state: str = "running") -> None:
-        """The compact progress line on the run's terminal (errors.terminal(): under Snakemake, where
+        """The compact progress line on the run's terminal (entry.terminal(): under Snakemake, where
         the log lines go to the rule's log), and one per lane (`D/CELL`) for a dataset of several;
         nothing when the job runs from the command line."""
         out = terminal()

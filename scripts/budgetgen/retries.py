@@ -1,11 +1,10 @@
-"""Retries and errors of an inference job: one request's attempts (RequestRetries), the permanent
-errors held until a success proves them the prompts' (PermanentErrors), the proof that the server works
-when every request of a run failed (prove_server), and the setting such errors most likely come from.
+"""Retries and errors of an inference job: one request's attempts (RequestRetries) and the permanent
+errors held until a success proves them the prompts' (PermanentErrors); the proof that the server works
+when every request of a run failed is budgetgen.outcome's prove_server.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .identity import Identity
-    from .inference import InferenceJob
-    from .settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -98,49 +95,3 @@ class PermanentErrors:
 
     def first(self) -> dict[str, Any] | None:
         return self.pending[0] if self.pending else None
-
-
-async def prove_server(job: InferenceJob) -> None:
-    """Every request of this run failed permanently: that the server works under these settings must
-    be proved in this run before the errors are the prompts' (an earlier run's records prove nothing
-    about a setting changed since). One prompt answered before is asked again (the answer is not
-    kept): answered, the errors are recorded and the run goes on to its end; refused too, the
-    settings are at fault: one line, nothing recorded."""
-    s, rs = job.s, job.run_state
-    first = job.errors.first()
-    failed = f"{job.stats.errors} requests of this run failed permanently (first: {first['id']}: HTTP " \
-             f"{first['status']}: {first['error'][:200]})"
-    probe, lr = next(((c, lr) for lr in rs.lanes.values() for c in lr.chains if c.turn_id(1) in rs.journaled.ids),
-                     (None, None))
-    if probe is None:
-        raise UserError(f"no response from the server for any prompt of this run: {failed}; nothing recorded; "
-                        f"{likely_setting(first['error'], s)}")
-    log.info(f"{failed}; asking {probe.turn_id(1)}, answered before, again to tell the prompts' errors "
-             "from the server's or the settings'")
-    retries = RequestRetries(s.max_retries, s.unreachable_deadline_s)
-    while True:
-        try:
-            await job.client.chat(probe.request(1), lr.cell.params, want_ids=s.want_ids)
-            break
-        except TransientError as exc:
-            delay = retries.delay_after(exc, max(job.last_ok, job.client.last_byte), job.client.urls)
-            if delay is None:
-                raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails too: {exc}; "
-                                "nothing recorded; rerun when the server answers") from None
-            await asyncio.sleep(delay)
-        except PermanentError as exc:
-            raise UserError(f"{failed}, and {probe.turn_id(1)}, answered before, now fails the same way ({exc}): "
-                            f"the settings, not the prompts, are at fault; nothing recorded; "
-                            f"{likely_setting(str(exc), s)}") from None
-    log.info(f"{probe.turn_id(1)} answered: the server works under these settings; the errors are the prompts'")
-    job.errors.success()
-
-
-def likely_setting(message: str, s: InferenceSettings) -> str:
-    """The setting a permanent error that every request meets most likely comes from, for its one line."""
-    text = message.lower()
-    if any(w in text for w in ("context", "max_tokens", "maximum", "too long", "length")):
-        return (f"likely generation.max_tokens ({s.max_tokens}): prompt + max_tokens past the model's context "
-                "length; lower it")
-    return ("likely a setting every request sends: server.model, generation.temperature / top_p / extra_body "
-            "(e.g. a chat_template_kwargs key the server refuses)")

@@ -136,6 +136,12 @@ class RowEncoder:
             need_prompt.append(i)
         return results, prompt_ids, completion_ids, need_prompt
 
+    def _compare(self, rendered: dict[int, str], prompt_ids: list) -> None:
+        """The prompts rendered here of the records with the server's prompt ids, held against those ids."""
+        self.rerender_checked = len(rendered)
+        self.rerender_differs = sum(ids != prompt_ids[i] for i, ids in
+                                    zip(rendered, self.ids(list(rendered.values()))))
+
     def encode(self, records: Sequence[dict[str, Any]]) -> tuple[list[tuple[list[int], int, int] | str], str | None]:
         """Per record: (ids truncated to max_length, prompt_len, end) or a skip reason.
 
@@ -177,28 +183,22 @@ class RowEncoder:
         order = [i for i in prompt_text if results[i] is None]
         for i, ids in zip(order, self.ids([prompt_text[i] for i in order])):
             prompt_ids[i] = ids
-        self.rerender_differs = sum(ids != prompt_ids[i] for i, ids in
-                                    zip(compare_text, self.ids(list(compare_text.values()))))
-        self.rerender_checked = len(compare_text)
+        self._compare(compare_text, prompt_ids)
         order = [i for i in texts_of if results[i] is None]
         for i, ids in zip(order, self.ids([texts_of[i][0] for i in order])):
             eot = texts_of[i][1]
             completion_ids[i] = ids + [eot] if eot is not None else ids
-        max_length = self.max_length
         for i in range(n):
-            if results[i] is not None:
-                continue
-            p, c = prompt_ids[i], completion_ids[i]
-            ids = p + c
-            end = len(ids)
-            if len(ids) > max_length:
-                ids = ids[:max_length]
-                end = max_length
-            if end <= len(p):
-                results[i] = NO_SUPERVISED_TOKENS
-                continue
-            results[i] = (ids, len(p), end)
+            if results[i] is None:
+                results[i] = self._row(prompt_ids[i], completion_ids[i])
         return results, first_error
+
+    def _row(self, p: list[int], c: list[int]) -> tuple[list[int], int, int] | str:
+        """(prompt + completion ids cut at max_length, prompt length, end), or NO_SUPERVISED_TOKENS."""
+        ids = p + c
+        end = min(len(ids), self.max_length)
+        ids = ids[:end]
+        return NO_SUPERVISED_TOKENS if end <= len(p) else (ids, len(p), end)
 
 
 def encode_batch(tokenizer: PreTrainedTokenizerBase, records: Iterable[dict[str, Any] | Iterable[dict[str, Any]]],

@@ -26,18 +26,17 @@ from budgetgen.identity import record_settings
 from budgetgen.processes import usable_cpus
 from budgetgen.quality import KEPT, dropped_text, gate_for, record_flags
 from budgetgen.raw_records import line_batches, parse_record, record_cell, record_split, record_tokens
-from budgetgen.rows import SKIP_HINTS, RowEncoder
+from budgetgen.rows import RowEncoder
+from budgetgen.tokenize_counts import Tally, format_summary
 from budgetgen.turn_format import (
     chat_template_sha256,
     check_options,
     load_tokenizer,
-    package_versions,
-    tokenizer_sha256,
 )
 from budgetgen.usage_check import Agreement
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from transformers import PreTrainedTokenizerBase
 
@@ -134,11 +133,7 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
             skipped[res] += 1
             first_skipped.setdefault(res, rid)
         else:
-            from_server = bool(encoder.use_server_ids and rec.get("completion_token_ids"))
-            server_rows += from_server
-            if not from_server and len(res[0]) < encoder.max_length:  # a whole row rebuilt from text
-                usage = rec.get("usage") or {}
-                agreement.add(rid, res[2] - res[1], usage.get("completion_tokens"), res[1], usage.get("prompt_tokens"))
+            server_rows += _held_against_usage(agreement, encoder, rid, rec, res)
             kept_ids.append(rid)
             kept_finish.append(finish)
             conv, turn = record_place(rid, rec)
@@ -162,6 +157,17 @@ def _encode_chunk(encoder, chunk, input_path, gates=()):
     batch, total, supervised = _record_batch(rows, columns)
     stats.update(rows=len(rows), tokens=total, supervised_tokens=supervised)
     return batch, stats
+
+
+def _held_against_usage(agreement, encoder, rid, rec, res):
+    """A row held against its record's usage (budgetgen.usage_check) when rebuilt from text and whole (not
+    cut at max_length); returns whether it is the server's ids instead (1) or not (0)."""
+    if encoder.use_server_ids and rec.get("completion_token_ids"):
+        return 1
+    if len(res[0]) < encoder.max_length:
+        usage = rec.get("usage") or {}
+        agreement.add(rid, res[2] - res[1], usage.get("completion_tokens"), res[1], usage.get("prompt_tokens"))
+    return 0
 
 
 def _record_batch(rows, columns):
@@ -231,93 +237,6 @@ def _worker_encode(chunk):
     return _encode_chunk(encoder, chunk, input_path, gates)
 
 
-def format_summary(rows: int, skipped: Mapping[str, int]) -> str:
-    total = sum(skipped.values())
-    if not total:
-        return f"Tokenized: {rows} (0 skipped)"
-    parts = ", ".join(f"{reason}={n}" for reason, n in sorted(skipped.items()))
-    hints = "".join(f"; {SKIP_HINTS[reason]}" for reason in sorted(skipped) if reason in SKIP_HINTS)
-    return f"Tokenized: {rows} ({total} skipped: {parts}){hints}"
-
-
-class _Tally:
-    """What the batches of one file add up to: records, rows, tokens, skips, identities."""
-
-    def __init__(self):
-        self.totals = {"rows": 0, "tokens": 0, "supervised_tokens": 0, "server_id_rows": 0, "rerender_checked": 0,
-                       "rerender_differs": 0}
-        self.skipped, self.first_skipped, self.dropped = Counter(), {}, Counter()
-        self.records = self.other_split = 0
-        self.first_error = None
-        self.settings = Counter()  # identity sha -> records
-        self.identities = {}  # identity sha -> readable settings
-        self.usage = Agreement()  # the rows built from text against the server's usage
-
-    def add(self, stats):
-        """A batch's stats; returns the first template error seen, once."""
-        self.records += stats["records"]
-        self.other_split += stats["other_split"]
-        self.settings.update(stats["settings"])
-        for sha, readable in stats["identities"].items():
-            self.identities.setdefault(sha, readable)
-        self.skipped.update(stats["skipped"])
-        self.dropped.update(stats["dropped"])
-        self.usage.merge(stats["usage"])
-        for reason, rid in stats["first_skipped"].items():
-            self.first_skipped.setdefault(reason, rid)
-        for key in self.totals:
-            self.totals[key] += stats[key]
-        if stats["error"] and self.first_error is None:
-            self.first_error = stats["error"]
-            return self.first_error
-        return None
-
-    def refusal(self, input_path, o):
-        """One line when too many records were skipped, or several identities mix; else None."""
-        n_skipped, records = sum(self.skipped.values()), self.records
-        if records and 100.0 * n_skipped / records > o.max_skipped_pct:
-            reason, count = self.skipped.most_common(1)[0]
-            return (f"{input_path}: {n_skipped} of {records} records skipped "
-                    f"({100.0 * n_skipped / records:.1f} % > tokenizer.max_skipped_pct {o.max_skipped_pct:g}); "
-                    f"most: {reason} ({count}, first id {self.first_skipped[reason]!r})"
-                    + (f"; {SKIP_HINTS[reason]}" if reason in SKIP_HINTS else ""))
-        if len(self.settings) > 1 and not o.allow_mixed_settings:
-            kinds = "; ".join(f"{n} x {json.dumps(self.identities.get(k, {}).get('settings'), sort_keys=True)}"
-                              for k, n in self.settings.most_common())
-            return (f"{input_path}: responses were generated with {len(self.settings)} different "
-                    f"content settings ({kinds}); set tokenizer.allow_mixed_settings: true "
-                    "(or generation.on_settings_change: extend) to tokenize them together")
-        return self.usage.problem(os.fspath(o.tokenizer), o.engine) if o.check_usage else None
-
-    def metadata(self, o, tokenizer_path, template_sha):
-        """The file's provenance: the generation identities its rows were made under (budgetgen.identity;
-        each row's `identity` column names its own), never the config's if they differ."""
-        return {
-            "generation_settings": [{"identity": k, "records": n, **self.identities.get(k, {})}
-                                    for k, n in self.settings.most_common()],
-            "split": o.split or "all",
-            "cells": sorted({v.get("cell") for v in self.identities.values()} - {None}),
-            "tokenizer_sha256": tokenizer_sha256(tokenizer_path),
-            "packages": package_versions(),
-            "tokenizer_path": tokenizer_path,
-            "chat_template_sha256": template_sha,
-            "chat_template_kwargs": o.chat_template_kwargs or {},
-            "max_length": int(o.max_length),
-            "use_server_token_ids": bool(o.use_server_token_ids),
-            "server_id_rows": self.totals["server_id_rows"],
-            "usage_check": {**self.usage.describe(), "on": bool(o.check_usage)},
-            # rows with the server's prompt ids whose prompt the chat template renders otherwise
-            "rerender": {"checked": self.totals["rerender_checked"], "differs": self.totals["rerender_differs"]},
-            "trust_remote_code": bool(o.trust_remote_code),
-            "reasoning_tags": list(o.reasoning_tags) if o.reasoning_tags else None,
-            "config_sha256": o.config_sha256,
-            "rows": self.totals["rows"],
-            "skipped": dict(sorted(self.skipped.items())),
-            "dropped": dict(sorted(self.dropped.items())),  # by the quality gate (budgetgen.quality)
-            "quality": [{"cell": name, **gate.describe()} for name, gate in o.gates],
-        }
-
-
 @contextmanager
 def _encoded_batches(o, tokenizer, input_path):
     """(batch or None, stats) of every batch of the file, in order: in this process, or on a pool of
@@ -357,7 +276,7 @@ def tokenize_file(input_path: str | os.PathLike, output_path: str | os.PathLike,
     # Loaded here even with workers: fails early with a clean error, and gives the template's hash.
     tokenizer = load_tokenizer(tokenizer_path, o.trust_remote_code)
     template_sha = chat_template_sha256(tokenizer)
-    tally, schema = _Tally(), _schema()
+    tally, schema = Tally(), _schema()
     started = last_progress = time.monotonic()
     with atomic_path(output_path) as tmp:
         spool = tmp + ".spool"  # batches go here as they come; the final file needs the counts up front

@@ -174,6 +174,47 @@ def test_no_import_circle_between_the_config_modules_and_tokenize_modules_stay_s
         assert lines <= 400, f"budgetgen/{name}.py has {lines} lines"
 
 
+def package_imports(pkg):
+    """{module: {package modules it imports}} of every module of the package at `pkg`, counting every
+    import: at the top, inside a function, under `if TYPE_CHECKING:` (relative or absolute)."""
+    modules = {p.stem for p in pkg.glob("*.py")} - {"__init__"}
+    graph = {}
+    for name in modules:
+        found = set()
+        for node in ast.walk(ast.parse((pkg / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 or (node.module or "").split(".")[0] == pkg.name:
+                    parts = (node.module or "").split(".")
+                    head = parts[0] if node.level == 1 else (parts[1] if len(parts) > 1 else "")
+                    found |= {head} if head else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(pkg.name + ".")}
+        graph[name] = (found & modules) - {name}
+    return graph
+
+
+def test_the_product_package_imports_go_one_way():
+    """No import loop in budgetgen, counting the imports inside functions and under TYPE_CHECKING (issue 40:
+    a loop kept out of Python's way by a lazy import is still a loop: the modules cannot be read, moved or
+    tested one without the other)."""
+    graph = package_imports(REPO / "scripts" / "budgetgen")
+    loops, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                loops.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not loops, "import loops: " + "; ".join(" -> ".join(loop) for loop in loops)
+
+
 @pytest.mark.parametrize("package", ["budgetgen", "budgetgen_testkit"])
 def test_readme_developer_map_and_package_docstring_list_every_module(package):
     modules = sorted(p.stem for p in (REPO / "scripts" / package).glob("*.py") if p.stem != "__init__")

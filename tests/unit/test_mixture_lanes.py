@@ -8,8 +8,7 @@ import pytest
 from budgetgen import mixture
 from budgetgen.errors import UserError
 from budgetgen.forecast import DumpShape
-from budgetgen.identity import Identity, Policy
-from budgetgen.journal import IdentityCount
+from budgetgen.identity import Identity, IdentityCount, Policy
 from budgetgen.prompts import Prompt
 from budgetgen.settings import dataset_mixture, settings_policy
 

@@ -6,8 +6,8 @@ import os
 import time
 
 from budgetgen import state
-from budgetgen.identity import Identity, Policy
-from budgetgen.journal import IdentityCount, JournalState
+from budgetgen.identity import Identity, IdentityCount, Policy
+from budgetgen.journal import JournalState
 from budgetgen.state import EXHAUSTED, FRESH, MET, PARTIAL, REFUSED, DatasetFiles
 
 KEY = {"identity": "p", "on_settings_change": "refuse"}  # the policy key counts were made under

@@ -14,7 +14,8 @@ import pytest
 
 from budgetgen.errors import UserError
 from budgetgen.rows import NO_SUPERVISED_TOKENS, REASONING_DELIMITERS_UNKNOWN, TEMPLATE_ERROR, encode_batch
-from budgetgen.tokenization import TokenizeOptions, format_summary, tokenize_file
+from budgetgen.tokenization import TokenizeOptions, tokenize_file
+from budgetgen.tokenize_counts import format_summary
 from budgetgen.turn_format import chat_template_sha256, load_tokenizer
 from budgetgen_testkit.records import stamped
 from budgetgen_testkit.tiny_tokenizer import TEMPLATES, build_tokenizer
@@ -369,6 +370,8 @@ def long_prompt_conv():
 
 @pytest.fixture(scope="session")
 def raw_file(tmp_path_factory):
+    """40 records of no server: their usage numbers are no tokenizer's count (tokenize_file is given
+    check_usage=False for them; budgetgen.usage_check has tests of its own)."""
     path = tmp_path_factory.mktemp("raw") / "raw_responses.jsonl"
     convs = [conversation(m, r) for m in (False, True) for r in (False, True)]
     lines = []
@@ -394,7 +397,7 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
     out = str(tmp_path / "tokenized.arrow")
     logs = []
     stats = tokenize_file(raw_file, out, TokenizeOptions(tokenizer=tok_dirs["chatml"], max_length=512, batch_size=8,
-                                                         max_skipped_pct=5), log=logs.append)
+                                                         max_skipped_pct=5, check_usage=False), log=logs.append)
     assert stats["rows"] == 38 and stats["skipped"] == {NO_SUPERVISED_TOKENS: 2}
     assert logs[-1] == "Tokenized: 38 (2 skipped: no_supervised_tokens=2)"
 
@@ -435,6 +438,9 @@ def test_tokenize_file_writes_arrow_stream_datasets_reads(tmp_path, raw_file, to
         "max_length": 512,
         "use_server_token_ids": True,
         "server_id_rows": 0,
+        # rows of no server (these usage numbers count words): counted, the check off
+        "usage_check": {"rows": 38, "completion_off": 38, "prompt_off": 38, "on": False},
+        "rerender": {"checked": 0, "differs": 0},
         "trust_remote_code": False,
         "reasoning_tags": None,
         "config_sha256": None,
@@ -451,9 +457,11 @@ def test_tokenize_file_two_processes_same_output(tmp_path, raw_file, tok_dirs):
     one, two = str(tmp_path / "one.arrow"), str(tmp_path / "two.arrow")
     logs1, logs2 = [], []
     s1 = tokenize_file(raw_file, one, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=1,
-                                                      batch_size=4, max_skipped_pct=5), log=logs1.append)
+                                                      batch_size=4, max_skipped_pct=5, check_usage=False),
+                       log=logs1.append)
     s2 = tokenize_file(raw_file, two, TokenizeOptions(tokenizer=tok_dirs["llama3"], max_length=512, processes=2,
-                                                      batch_size=4, max_skipped_pct=5), log=logs2.append)
+                                                      batch_size=4, max_skipped_pct=5, check_usage=False),
+                       log=logs2.append)
     assert s1 == s2
     assert logs1[-1] == logs2[-1]
     with open(one, "rb") as a, open(two, "rb") as b:
@@ -597,7 +605,7 @@ def cli_workdir(work, raw, tokenizer, extra_body=None, **tokenizer_settings):
     (work / "prompts.jsonl").write_text('{"prompt": "x"}\n')
     config = {"server": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
               "generation": {"token_budget": 10, "extra_body": extra_body or {}},
-              "tokenizer": {"path": str(tokenizer), **tokenizer_settings},
+              "tokenizer": {"path": str(tokenizer), "check_usage": False, **tokenizer_settings},
               "datasets": {"D": {"prompts": "prompts.jsonl"}}}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     return work
