@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-Options = Any  # budgetgen.tokenization.TokenizeOptions (which imports this module: named, not imported)
+    Options = Any  # budgetgen.tokenization.TokenizeOptions (which imports this module: named, not imported)
 
 
 def format_summary(rows: int, skipped: Mapping[str, int]) -> str:

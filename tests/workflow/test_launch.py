@@ -130,3 +130,35 @@ def test_workflow_launches_a_server_per_inference_job_and_keeps_its_log(tmp_path
         assert "starting:" in wf.path("logs", "server", f"{name}.log").read_text()
         assert len(wf.records(name, "raw_responses.jsonl")) == 6
     assert "Nothing to be done" in wf.run("-n", "all").output, out[-2000:]
+
+
+def test_a_launched_servers_canary_is_asked_by_its_job_before_any_request(tmp_path, tiny_tokenizer):
+    """server.canary with server.launch: no server exists before the job starts it, so the job asks the
+    canary of the server it launched, once it is ready, before any dataset request; one that fails stops the
+    job naming its lines (a loop: --garbage loop), the server stopped, nothing journaled."""
+    import json
+
+    from support.workflow import Workflow, base_config
+
+    write_prompts(tmp_path / "prompts" / "A.jsonl", 6, prefix="A")
+    canary = tmp_path / "canary.jsonl"
+    canary.write_text("".join(json.dumps({"prompt": f"canary {i}", "expect": r"\w+"}) + "\n" for i in range(3)))
+    config = base_config("unused", tiny_tokenizer, {"A": {"prompts": "prompts/A.jsonl"}}, token_budget=10**6)
+    del config["server"]["base_url"]
+    config["server"]["launch"] = MOCK + " --port {port} --model {model} --mean-tokens 12"
+    config["server"]["canary"] = {"prompts": str(canary), "min_pass": 1.0}
+    wf = Workflow(tmp_path, config)
+    wf.run("--cores", "1", "all")
+    log = wf.path("logs", "inference", "A.log").read_text()
+    assert "server.canary: http://127.0.0.1:" in log and "3 of 3 passed (min_pass 1)" in log
+    assert log.index("3 of 3 passed") < log.index("dispatching up to")
+
+    config["server"]["launch"] += " --garbage loop"
+    wf.config = config
+    wf.write_config()
+    write_prompts(tmp_path / "prompts" / "A.jsonl", 9, prefix="A")  # 3 prompts more: the job runs again
+    proc = wf.run("--cores", "1", "all", check=False)
+    log = wf.path("logs", "inference", "A.log").read_text()
+    assert proc.returncode != 0 and "server.canary: nothing was dispatched: http://127.0.0.1:" in log, log[-2000:]
+    pid, _ = launched_pid(log.rsplit("=====", 1)[-1])
+    assert gone(pid) and len(wf.journal_lines("A")) == 6  # the 3 new prompts not asked
