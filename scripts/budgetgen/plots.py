@@ -319,7 +319,10 @@ def draw_turns(plt: ModuleType, dataset: str, counts: Mapping[str, Any], row: Ma
     return fig
 
 
-REASON_COLORS = ("#dd6b20", "#d53f8c", "#805ad5", "#718096", "#2c7a7b")  # quality.REASONS, in order
+# every reason of quality.REASONS (a unit test holds them equal; a reason without a colour would not be drawn)
+REASON_COLORS = {"empty": "#dd6b20", "repetition": "#c53030", "replacement_chars": "#975a16",
+                 "template_leak": "#2b6cb0", "truncated": "#d53f8c", "reasoning_forced_end": "#805ad5",
+                 "unclosed_reasoning": "#718096", "min_supervised_tokens": "#2c7a7b"}
 
 
 def quality_bars(raw: RawCounts) -> list[dict[str, Any]]:
@@ -345,7 +348,7 @@ def draw_quality(plt: ModuleType, dataset: str, bars: Sequence[Mapping[str, Any]
     y = list(range(len(bars)))
     ax.barh(y, [b["kept"] for b in bars], color=COLOR_TOKENS, label="kept")
     left = [b["kept"] for b in bars]
-    for reason, color in zip(REASONS, REASON_COLORS):
+    for reason, color in ((r, REASON_COLORS[r]) for r in REASONS):
         widths = [b["dropped"].get(reason, 0) for b in bars]
         if any(widths):
             ax.barh(y, widths, left=left, color=color, label=f"dropped: {reason}")

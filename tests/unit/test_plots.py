@@ -116,3 +116,12 @@ def test_entry_point_help_and_one_line_errors(tmp_path):
                         "--budget", "1", "--max-tokens", "1", "--budget-figure", str(tmp_path / "b.pdf")],
                        capture_output=True, text=True, check=False)
     assert p.returncode == 2 and "figure format must be .svg or .png" in p.stderr
+
+
+def test_every_reason_a_response_is_dropped_for_has_its_colour_in_the_quality_figure():
+    """quality.REASONS grew (issue 42: repetition, replacement_chars, template_leak): a reason without a
+    colour would silently leave its dropped responses out of figure 7."""
+    from budgetgen.plots import REASON_COLORS
+    from budgetgen.quality import REASONS
+
+    assert set(REASON_COLORS) == set(REASONS) and len(set(REASON_COLORS.values())) == len(REASONS)
