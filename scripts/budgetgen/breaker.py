@@ -109,8 +109,11 @@ class Blame:
     """The job's side of the breaker: each response judged as it is journaled; a trip retires its endpoint
     (EndpointPool.retire); a blamed response gets its blame line (journal.blamed_path), leaves the run's
     counts (RunState.uncount) and is asked again (at the head of its lane) while an endpoint is left. A
-    conversation's later turns, built on a blamed turn, are blamed with it (journaled) or dropped (queued;
-    one in flight is blamed when it lands), so a rerun asks them again after the turn they follow."""
+    conversation's later turns, built on a blamed turn, are blamed with it (journaled), dropped (queued),
+    or discarded when they land (in flight: follows_blamed(), never journaled), so a rerun asks them again
+    after the turn they follow. A later turn's blame line is written before the one of the turn it follows:
+    a kill between the two leaves the earlier turn counted and the later one blamed (the rerun asks the
+    later one again), never a counted turn that follows a blamed one."""
 
     def __init__(self, breaker: Breaker, run_state: Any, pool: Any, journal_path: str):
         self.breaker, self.rs, self.pool = breaker, run_state, pool
@@ -119,21 +122,30 @@ class Blame:
         self.counted = {}  # id -> Response counted in this run (a later turn to blame with its earlier one)
         self.trips = []
 
+    def follows_blamed(self, gen: Any) -> bool:
+        """Whether a generation was asked after a turn blamed since (its answer is built on garbage)."""
+        prev = gen.previous
+        return prev is not None and (prev.get("id"), prev.get("created")) in self.keys
+
     def judge(self, resp: Response, endpoint: str) -> bool:
         """Judge one journaled response (not yet counted); True when it is blamed (the caller neither
         counts it nor queues its conversation's next turn)."""
-        prev = resp.gen.previous
-        if prev is not None and (prev.get("id"), prev.get("created")) in self.keys:
-            self._blame(resp, f"it follows turn {prev.get('id')}, blamed on the server")
-            return True
         trip, blamed = self.breaker.judge(endpoint, resp.rec.get("flags") or (), resp)
         if trip is not None:
             self.trips.append(trip)
             self.pool.retire(endpoint, trip.line())
-        why = (trip or self.breaker.trips.get(endpoint))
+        why = trip or self.breaker.trips.get(endpoint)
         for r in blamed:
             self._blame(r, why.line())
-        return resp in blamed
+        return any(r is resp for r in blamed)
+
+    def blame_faults(self, lane: Any, why: str) -> int:
+        """Blame this run's counted server-fault responses of `lane` (a run that kept nothing of a server
+        the breaker did not cut off: the rerun asks them again); how many."""
+        faulty = [r for r in self.counted.values() if r.lane is lane and Breaker.fault_of(r.rec.get("flags") or ())]
+        for r in faulty:
+            self._blame(r, why)
+        return len(faulty)
 
     def counts(self, resp: Response) -> None:
         resp.counted = True
@@ -144,22 +156,22 @@ class Blame:
         return bool(self.trips) and not self.pool.serving
 
     def _blame(self, resp: Response, why: str) -> None:
-        gid, created = resp.key
         if resp.key in self.keys:
             return
+        gid, created = resp.key
+        gen, lr = resp.gen, resp.lane
+        chain = gen.chain
+        if gen.k < chain.n_turns:  # the turn built on this one: blamed first, or dropped from the queue
+            child = self.counted.get(chain.turn_id(gen.k + 1))
+            if child is not None and (child.gen.previous or {}).get("created") == created:
+                self._blame(child, f"it follows turn {gid}, blamed on the server")
+            lr.queue = type(lr.queue)(g for g in lr.queue if not (
+                g.chain is chain and g.k == gen.k + 1 and (g.previous or {}).get("created") == created))
         append_error(self.path, {"id": gid, "created": created, "endpoint": resp.rec.get("endpoint"),
                                  "flags": resp.rec.get("flags") or [], "why": why, "blamed_at": round(time.time(), 3)})
         self.keys.add(resp.key)
-        gen, lr = resp.gen, resp.lane
         if resp.counted:
             self.rs.uncount(lr, gid, resp.tokens, resp.fate)
             self.counted.pop(gid, None)
-        chain = gen.chain
-        later = {chain.turn_id(k) for k in range(gen.k + 1, chain.n_turns + 1)}
-        lr.queue = type(lr.queue)(g for g in lr.queue if g.id not in later)
-        for tid in sorted(later):
-            if tid in self.counted:
-                self._blame(self.counted[tid], f"it follows turn {gid}, blamed on the server")
-        prev = gen.previous
-        if self.pool.serving and (prev is None or (prev.get("id"), prev.get("created")) not in self.keys):
-            lr.queue.appendleft(type(gen)(chain, gen.k, prev, lane=gen.lane))
+        if self.pool.serving and not self.follows_blamed(gen):
+            lr.queue.appendleft(type(gen)(chain, gen.k, gen.previous, lane=gen.lane))

@@ -148,6 +148,8 @@ class EndpointPool:
         history, while it is healthy; when it is out, to another, which they then stay with."""
         async with self.room:
             while (ep := self.pick(key)) is None:
+                if not self.serving:  # every endpoint cut off by the breaker: no room will ever come
+                    raise UserError("every endpoint was cut off by the breaker (quality.breaker)")
                 await self.room.wait()
             ep.inflight += 1
             ep.requests += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .forecast import human_bytes
+from .journal import blamed_keys, is_blamed
 from .mixture import DEFAULT_CELL
 from .quality import record_flags
 from .state import EXHAUSTED, MET
@@ -63,7 +64,8 @@ class Rate:
 
 
 def tail_records(path: str | os.PathLike, limit: int = TAIL_BYTES) -> list[dict[str, Any]]:
-    """The whole records in the last `limit` bytes of a journal (the first, likely cut, line skipped)."""
+    """The whole records in the last `limit` bytes of a journal (the first, likely cut, line skipped), less
+    those blamed on the server (budgetgen.breaker: a broken server's fast garbage is no rate to plan by)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -74,13 +76,13 @@ def tail_records(path: str | os.PathLike, limit: int = TAIL_BYTES) -> list[dict[
     lines = data.split(b"\n")
     if size > limit:
         lines = lines[1:]
-    out = []
+    out, blamed = [], blamed_keys(path)
     for raw in lines[:-1]:  # the last piece has no newline: torn or empty
         try:
             rec = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("usage"), dict):
+        if isinstance(rec, dict) and isinstance(rec.get("usage"), dict) and not is_blamed(blamed, rec.get("id"), rec):
             out.append(rec)
     return out
 

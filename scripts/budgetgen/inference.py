@@ -61,8 +61,8 @@ class InferenceJob:
 
     def __init__(self, settings: InferenceSettings):
         self.s = settings
-        self.inflight = {}  # task -> StreamProgress of its prompt's current attempt
-        self.task_lane = {}  # task -> the LaneRun it generates for
+        # task -> StreamProgress of its prompt's current attempt; task -> the LaneRun it generates for
+        self.inflight, self.task_lane = {}, {}
         self.deferred = []  # prompts whose retries ran out this run
         self.failed = None  # an exception a background task (fsync clock) died of
         self.last_ok, self.stats = time.monotonic(), RunStats()
@@ -78,30 +78,7 @@ class InferenceJob:
         t0 = time.time()
         answer = await ask(self, gen, lr, messages, progress, affinity)
         if answer is not None:
-            self.record_response(gen, lr, messages, answer[0], t0, answer[1])
-
-    def record_response(self, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]], res: ChatResult,
-                        t0: float, attempts: int) -> None:
-        """Journal one response and count it: the next turn of its conversation joins the head of its lane."""
-        rs, chain, gid = self.run_state, gen.chain, gen.id
-        self.last_ok = time.monotonic()
-        rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, attempts,
-                                      {**lr.where(), **chain.where(gen.k)}, self.s.reasoning_tags,
-                                      self.s.special_tokens)
-        self.writer.append(rec)
-        tokens = int(res.usage.get("completion_tokens") or 0)
-        fate = lr.cell.gate.fate(rec["flags"], tokens)
-        self.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
-        response = Response(gen, lr, rec, tokens, fate)
-        if self.blame.judge(response, res.endpoint):  # blamed on the server: counts nowhere, asked again
-            return
-        if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue
-            lr.queue.appendleft(Generation(chain, gen.k + 1, rec, lane=lr.key))
-        else:
-            self.client.pool.forget(chain.id)
-        rs.count(lr, gid, tokens, fate)
-        self.blame.counts(response)
-        self.errors.success()
+            record_response(self, gen, lr, messages, answer[0], t0, answer[1])
 
     def fail(self, exc: Exception) -> None:
         """A background task (the fsync clock) died of exc: the dispatch loop is woken and raises it."""
@@ -179,8 +156,7 @@ class InferenceJob:
                 raise self.failed
             if self.blame.none_left:
                 raise UserError(server_broken(self))
-            why = keep_failure(self, final=False)
-            if why:
+            if why := keep_failure(self, final=False):
                 raise UserError(why)
             while len(self.inflight) < s.concurrency:
                 gen = rs.next_generation(self.generated_in_flight)
@@ -202,10 +178,39 @@ class InferenceJob:
                 self.inflight.pop(task)
                 self.task_lane.pop(task, None)
                 exc = task.exception()
+                if exc is not None and self.blame.none_left:  # (one that waited for an endpoint: none is left)
+                    raise UserError(server_broken(self))
                 if isinstance(exc, ServerDown):
                     raise UserError(str(exc))
                 if exc is not None:
                     raise exc
+
+
+def record_response(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]],
+                    res: ChatResult, t0: float, attempts: int) -> None:
+    """Journal one response and count it: the next turn of its conversation joins the head of its lane."""
+    rs, chain, gid = job.run_state, gen.chain, gen.id
+    if job.blame.follows_blamed(gen):  # built on a turn blamed since it was asked: not data, not journaled
+        job.stats.discarded_tokens += int(res.usage.get("completion_tokens") or 0)
+        return
+    job.last_ok = time.monotonic()
+    rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, attempts,
+                                  {**lr.where(), **chain.where(gen.k)}, job.s.reasoning_tags,
+                                  job.s.special_tokens)
+    job.writer.append(rec)
+    tokens = int(res.usage.get("completion_tokens") or 0)
+    fate = lr.cell.gate.fate(rec["flags"], tokens)
+    job.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
+    response = Response(gen, lr, rec, tokens, fate)
+    if job.blame.judge(response, res.endpoint):  # blamed on the server: counts nowhere, asked again
+        return
+    if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue
+        lr.queue.appendleft(Generation(chain, gen.k + 1, rec, lane=lr.key))
+    else:
+        job.client.pool.forget(chain.id)
+    rs.count(lr, gid, tokens, fate)
+    job.blame.counts(response)
+    job.errors.success()
 
 
 async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[dict[str, Any]],
@@ -225,6 +230,8 @@ async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[di
                                          want_ids=s.want_ids, affinity=affinity)
         except TransientError as exc:
             job.stats.discarded_tokens += progress.seen
+            if job.blame.follows_blamed(gen):  # its history holds a turn blamed since: dropped, not retried
+                return None
             job.stats.retried(exc)
             delay = retries.delay_after(exc, max(job.last_ok, job.client.last_byte), job.client.urls)
             if delay is None:
@@ -236,6 +243,8 @@ async def ask(job: InferenceJob, gen: Generation, lr: LaneRun, messages: list[di
             continue
         except PermanentError as exc:
             job.stats.discarded_tokens += progress.seen
+            if job.blame.follows_blamed(gen):  # its history holds a blamed turn: not the prompt's error
+                return None
             job.stats.errors += 1
             rs.errored.add(gid)
             lr.errored.add(gid)

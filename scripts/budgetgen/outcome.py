@@ -36,13 +36,19 @@ Job = Any  # budgetgen.inference.InferenceJob
 def keep_failure(job: Job, final: bool) -> str | None:
     """The line a run ends with when a lane's responses are not data (quality.keep_problem): never met or
     exhausted with nothing, or too little, kept. While the run goes on it stops the dispatch: the GPU time
-    of every later request would go the same way."""
+    of every later request would go the same way. Kept nothing of a server the breaker did not cut off
+    (its faults spread over endpoints, or quality.breaker.share 1): this run's faulty responses are blamed,
+    so the rerun, the server fixed, asks their prompts again."""
     s = job.s
     for key, lr in job.run_state.lanes.items():
-        why = quality.keep_problem(lr.records, lr.dropped, s.min_keep_share, final, lr.cell.max_tokens)
-        if why:
+        problem = quality.keep_problem(lr.records, lr.dropped, s.min_keep_share, final, lr.cell.max_tokens)
+        if problem:
+            reason, why = problem
             where = f"dataset {s.dataset}" + ("" if s.mixture.plain else f", lane {key}")
             line = f"{where}: {why}; nothing more is asked; fix the cause, then rerun"
+            if reason in quality.SERVER_FAULTS and job.blame is not None:  # the server's: asked again next run
+                n = job.blame.blame_faults(lr, line)
+                line += f" ({n} responses of this run blamed on the server: their prompts are asked again)"
             if not final:
                 log.info(job.progress.line())
             job.progress.to_terminal("stopped: the responses are not data")

@@ -108,6 +108,8 @@ class RunState:
         the dataset's and the lane's counts (the kept tokens what the budget counts)."""
         kept = tokens if fate.kept else 0
         j = self.journaled
+        if gid in j.ids:  # never a response counted twice (scan keeps the first of an id too)
+            return
         j.ids.add(gid)
         j.tokens += kept
         j.generated_tokens += tokens

@@ -128,7 +128,7 @@ def observe(content: str | None, reasoning: str | None, finish_reason: str | Non
     open_tag, close_tag = tags or DEFAULT_TAGS
     content, reasoning = content or "", reasoning or ""
     facts = []
-    text = f"{reasoning}\n{content}" if reasoning else content
+    text = "\n".join(t for t in (reasoning, content) if t)  # (content empty: the text ends where the reasoning does)
     if not content.strip() and not reasoning.strip():
         facts.append(EMPTY)
     elif looping(text):
@@ -210,17 +210,20 @@ CAUSES = {
 
 
 def keep_problem(records: int, dropped: Mapping[str, int], min_share: float, final: bool,
-                 max_tokens: int | None = None) -> str | None:
-    """Why a lane's responses are not data (a run must not end met or exhausted so), or None: it kept
-    none while dropping some (at the run's end), or kept under `min_share` of them (quality.min_keep_share;
-    while the run goes on, once KEEP_SHARE_AFTER are in). The cause names the commonest reason and the
-    setting most likely at fault: `max_tokens 200 cut 40 of 40 responses`."""
+                 max_tokens: int | None = None) -> tuple[str, str] | None:
+    """(the commonest drop reason, why a lane's responses are not data), or None: a run must not end met or
+    exhausted having kept none while dropping some, or under `min_share` of them (quality.min_keep_share).
+    While the run goes on it is judged once KEEP_SHARE_AFTER responses are in, and only for drops that are
+    not server faults (SERVER_FAULTS are the breaker's to judge per endpoint: a trip asks them again). The
+    cause names the setting most likely at fault: `max_tokens 200 cut 40 of 40 responses`."""
     if not records or not dropped:
         return None
     kept = records - sum(dropped.values())
     if not (final and kept == 0) and (kept >= min_share * records or (not final and records < KEEP_SHARE_AFTER)):
         return None
     reason, n = max(dropped.items(), key=lambda kv: kv[1])
+    if not final and reason in SERVER_FAULTS:
+        return None
     cause = CAUSES.get(reason, "{n} of {records} responses dropped by " + reason)
-    return (f"kept {kept} of {records} responses ({kept / records:.0%}, quality.min_keep_share {min_share:g}): "
-            + cause.format(n=n, records=records, max_tokens=max_tokens))
+    return reason, (f"kept {kept} of {records} responses ({kept / records:.0%}, quality.min_keep_share "
+                    f"{min_share:g}): " + cause.format(n=n, records=records, max_tokens=max_tokens))

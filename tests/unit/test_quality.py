@@ -110,3 +110,21 @@ def test_the_length_model_learns_that_long_requests_are_dropped():
         mean, var = model.final_moments(k)
         hi_mean, hi_var = model.moment_bounds(k)
         assert mean <= hi_mean and var <= hi_var
+
+
+def test_a_character_cut_by_max_tokens_inside_the_reasoning_is_not_mojibake():
+    # a response cut during its reasoning ends where the reasoning does: its last U+FFFD is the cut's
+    assert observe("", "thinking about caf\ufffd", "length") == ["truncated", "unclosed_reasoning"]
+    assert observe("", "x\ufffd y\ufffd", "length") == ["replacement_chars", "truncated", "unclosed_reasoning"]
+
+
+def test_keep_share_leaves_server_faults_to_the_breaker_until_the_run_ends():
+    from budgetgen.quality import keep_problem
+
+    assert keep_problem(60, {"empty": 58}, 0.1, final=False) is None  # the breaker's to judge per endpoint
+    reason, line = keep_problem(60, {"empty": 58}, 0.1, final=True)
+    assert reason == "empty" and line.startswith("kept 2 of 60 responses (3%, quality.min_keep_share 0.1): 58 of 60")
+    reason, line = keep_problem(50, {"truncated": 50}, 0.1, final=False, max_tokens=200)
+    assert reason == "truncated" and "max_tokens 200 cut 50 of 50 responses" in line
+    assert keep_problem(49, {"truncated": 49}, 0.1, final=False) is None  # too few to judge yet
+    assert keep_problem(10, {"truncated": 1}, 0.1, final=True) is None

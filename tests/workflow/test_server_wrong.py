@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from budgetgen_testkit import mock_server
-from support.workflow import Workflow, base_config, server_stats, wait_for, write_prompts
+from support.workflow import Workflow, base_config, server_stats, wait_for, write_conversations, write_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -180,3 +180,50 @@ def test_a_canary_that_passes_is_said_and_the_run_goes_on(tmp_path, server, tiny
     before = server_stats(good)["requests"]
     wf.run("--cores", "2", "all")  # nothing left to do: no canary asked
     assert server_stats(good)["requests"] == before
+
+
+def test_conversations_whose_turns_were_blamed_are_asked_again_each_turn_on_a_counted_one(
+        tmp_path, server, tiny_tokenizer):
+    """turns: all against a server that turns to loops after 12 good responses: turns built on a blamed turn
+    are blamed with it or never journaled; the rerun on a good server finishes every conversation, each
+    counted turn built on the counted turn before it (its history holds that turn's answer), no id twice."""
+    bad = server("--mean-tokens", "20", "--garbage", "loop", "--garbage-after", "12")
+    wf_dir = tmp_path / "work"
+    write_conversations(wf_dir / "c.jsonl", 30, turns=3)
+    wf = Workflow(wf_dir, base_config(bad.base_url, tiny_tokenizer, {"F": {"prompts": "c.jsonl"}},
+                                      token_budget=10**6, concurrency=CONCURRENCY, turns="all",
+                                      quality={"breaker": {"window": WINDOW, "share": 0.5}}))
+    proc = wf.run("--cores", "2", "all", check=False)
+    assert proc.returncode != 0 and "were loops (repetition)" in proc.output, proc.output[-3000:]
+    rerun_on_a_good_server(wf, server)
+    gone = {(b["id"], b["created"]) for b in blamed(wf)}
+    counted = {}
+    for r in wf.records("F"):
+        if (r["id"], r["created"]) not in gone:
+            assert r["id"] not in counted  # nothing counted twice
+            counted[r["id"]] = r
+    assert len(counted) == 90  # 30 conversations x 3 turns, every one finished
+    for r in counted.values():
+        if r["turn"] > 1:
+            before = next(c for c in counted.values()
+                          if c["conversation_id"] == r["conversation_id"] and c["turn"] == r["turn"] - 1)
+            answered = [m["content"] for m in r["messages"][:-1] if m["role"] == "assistant"]
+            assert before["messages"][-1]["content"] in answered  # built on the counted turn before it
+            assert not any("repetition" in c["flags"] for c in counted.values()
+                           if c["conversation_id"] == r["conversation_id"])
+
+
+def test_nothing_kept_of_a_server_the_breaker_did_not_cut_off_is_asked_again(tmp_path, server, tiny_tokenizer):
+    """quality.breaker.share 1 (never cut off) and a server empty from its first request: the run ends with
+    nothing kept, non-zero, and blames this run's empty responses, so the rerun asks their prompts again."""
+    bad = server("--mean-tokens", "20", "--garbage", "empty")
+    wf = make(tmp_path, bad.base_url, tiny_tokenizer, n=20, budget=400)
+    wf.config["generation"]["quality"]["breaker"]["share"] = 1.0
+    wf.write_config()
+    proc = wf.run("--cores", "2", "all", check=False)
+    assert proc.returncode != 0, proc.output[-3000:]
+    assert "kept 0 of 20 responses (0%, quality.min_keep_share 0.1): 20 of 20 responses were empty (the server)" \
+        in proc.output and "20 responses of this run blamed on the server" in proc.output, proc.output[-3000:]
+    rerun_on_a_good_server(wf, server)
+    done = json.loads(wf.path("results", "F", "inference.done").read_text())
+    assert done["state"] == "met" and len(set(counted_ids(wf))) == len(counted_ids(wf))
