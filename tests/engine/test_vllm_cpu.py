@@ -25,7 +25,8 @@ from support.engine_server import free_port, scripted_model, serving
 from support.workflow import Workflow, base_config, write_prompts
 
 NOT_SET_UP = "vLLM CPU test: set BUDGETGEN_VLLM=1 (as .ci/run does; the first run installs .venv-vllm, 3.5 GB)"
-pytestmark = [pytest.mark.slow, pytest.mark.engine,
+# one worker for the module: its vLLM server (about 40 s to start on 2 cores) serves both tests
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.xdist_group("vllm"),
               pytest.mark.skipif(os.environ.get("BUDGETGEN_VLLM") != "1", reason=NOT_SET_UP)]
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
