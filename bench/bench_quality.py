@@ -27,7 +27,6 @@ import os
 import random
 import sys
 import time
-from types import SimpleNamespace
 
 from common import REPO, RESULTS
 
@@ -83,8 +82,8 @@ def cut_responses(docs, rng):
 
 
 def mock_plan(seed, mean, max_tokens, kind=None):
-    cfg = SimpleNamespace(seed=seed, length_dist="lognormal", mean_tokens=mean, sigma=0.8, truncate_share=0.0,
-                          unclosed_share=0.0, reasoning_share=0.0)
+    """A response of the mock server as its command line makes one (lognormal lengths, sigma 0.8)."""
+    cfg = mock_server.parse_args(["--seed", str(seed), "--length-dist", "lognormal", "--mean-tokens", str(mean)])
     plan = mock_server.Plan(cfg, [{"role": "user", "content": f"q{seed}"}], max_tokens)
     if kind:
         plan.garble(kind, max_tokens)

@@ -96,7 +96,7 @@ def paths(dataset):
 
 def path_of(name):
     """A dataset file's pattern, e.g. results/{dataset}/raw_responses.jsonl: written once, in
-    budgetgen.DatasetPaths.PATTERNS; a rule names its inputs and outputs by these fields, and
+    budgetgen.paths.DatasetPaths.PATTERNS; a rule names its inputs and outputs by these fields, and
     its script receives them (--path NAME=FILE) instead of finding them itself."""
     return DatasetPaths.PATTERNS[name]
 

@@ -91,18 +91,21 @@ class Breaker:
 @dataclass(eq=False)
 class Response:
     """A journaled response as the job holds it for the breaker: its generation (plan.Generation), lane
-    (plan.LaneRun), journal record, completion tokens and fate, and whether it is counted."""
+    (plan.LaneRun), key in the journal (id, created), facts, endpoint, completion tokens and fate. Not its
+    record: a run holds one of these per counted response, so it stays small whatever the text."""
 
     gen: Any
     lane: Any
-    rec: dict
+    key: tuple
+    flags: tuple
+    endpoint: str | None
     tokens: int
     fate: Any
-    counted: bool = False
 
-    @property
-    def key(self) -> tuple[str, Any]:
-        return self.rec["id"], self.rec.get("created")
+    @classmethod
+    def of(cls, gen: Any, lane: Any, rec: dict, tokens: int, fate: Any) -> Response:
+        return cls(gen, lane, (rec["id"], rec.get("created")), tuple(rec.get("flags") or ()), rec.get("endpoint"),
+                   tokens, fate)
 
 
 class Blame:
@@ -130,7 +133,7 @@ class Blame:
     def judge(self, resp: Response, endpoint: str) -> bool:
         """Judge one journaled response (not yet counted); True when it is blamed (the caller neither
         counts it nor queues its conversation's next turn)."""
-        trip, blamed = self.breaker.judge(endpoint, resp.rec.get("flags") or (), resp)
+        trip, blamed = self.breaker.judge(endpoint, resp.flags, resp)
         if trip is not None:
             self.trips.append(trip)
             self.pool.retire(endpoint, trip.line())
@@ -142,14 +145,13 @@ class Blame:
     def blame_faults(self, lane: Any, why: str) -> int:
         """Blame this run's counted server-fault responses of `lane` (a run that kept nothing of a server
         the breaker did not cut off: the rerun asks them again); how many."""
-        faulty = [r for r in self.counted.values() if r.lane is lane and Breaker.fault_of(r.rec.get("flags") or ())]
+        faulty = [r for r in self.counted.values() if r.lane is lane and Breaker.fault_of(r.flags)]
         for r in faulty:
             self._blame(r, why)
         return len(faulty)
 
     def counts(self, resp: Response) -> None:
-        resp.counted = True
-        self.counted[resp.rec["id"]] = resp
+        self.counted[resp.key[0]] = resp
 
     @property
     def none_left(self) -> bool:
@@ -167,11 +169,11 @@ class Blame:
                 self._blame(child, f"it follows turn {gid}, blamed on the server")
             lr.queue = type(lr.queue)(g for g in lr.queue if not (
                 g.chain is chain and g.k == gen.k + 1 and (g.previous or {}).get("created") == created))
-        append_error(self.path, {"id": gid, "created": created, "endpoint": resp.rec.get("endpoint"),
-                                 "flags": resp.rec.get("flags") or [], "why": why, "blamed_at": round(time.time(), 3)})
+        append_error(self.path, {"id": gid, "created": created, "endpoint": resp.endpoint, "flags": list(resp.flags),
+                                 "why": why, "blamed_at": round(time.time(), 3)})
         self.keys.add(resp.key)
-        if resp.counted:
+        if self.counted.get(gid) is resp:  # counted in this run: out of its counts again
             self.rs.uncount(lr, gid, resp.tokens, resp.fate)
-            self.counted.pop(gid, None)
+            del self.counted[gid]
         if self.pool.serving and not self.follows_blamed(gen):
             lr.queue.appendleft(type(gen)(chain, gen.k, gen.previous, lane=gen.lane))

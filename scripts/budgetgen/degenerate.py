@@ -32,7 +32,6 @@ import re
 import zlib
 
 TAILS = (1000, 2000, 4000)  # the tails judged: a loop entered late fills a short one, a long period a long one
-TAIL_CHARS = TAILS[-1]
 MIN_CHARS = 400
 ZLIB_RATIO = 0.2
 DISTINCT_SHARE = 0.3
@@ -82,20 +81,22 @@ def replacement_chars(text: str, cut: bool = False) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _pattern(specials: tuple[str, ...]) -> re.Pattern:
-    return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+def _pattern(specials: tuple[str, ...], exclude: tuple[str, ...]) -> re.Pattern | None:
+    chosen = sorted((s for s in specials if s not in exclude), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, chosen))) if chosen else None
 
 
 QUOTES = "\"'`"
 
 
-def leaked_token(text: str, specials: tuple[str, ...]) -> str | None:
-    """The first of `specials` (special tokens' text) found in `text` as a server leaks it, or None: one pass
-    over the text (a Llama tokenizer declares 256 of them). One right after a quote or backtick is quoted
-    (an answer about chat templates writes `"<|im_end|>"`), not leaked."""
-    if not specials:
+def leaked_token(text: str, specials: tuple[str, ...], exclude: tuple[str, ...] = ()) -> str | None:
+    """The first of `specials` (special tokens' text) but `exclude` found in `text` as a server leaks it, or
+    None: one pass over the text (a Llama tokenizer declares 256 of them; the pattern is built once). One
+    right after a quote or backtick is quoted (an answer about chat templates writes `"<|im_end|>"`)."""
+    pattern = _pattern(tuple(specials), tuple(exclude)) if specials else None
+    if pattern is None:
         return None
-    for found in _pattern(specials).finditer(text):
+    for found in pattern.finditer(text):
         if not found.start() or text[found.start() - 1] not in QUOTES:
             return found.group(0)
     return None

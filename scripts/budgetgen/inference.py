@@ -47,6 +47,7 @@ from .retries import PermanentErrors, RequestRetries, ServerDown
 from .settings import InferenceSettings
 from .stream_workers import StreamWorkers
 from .streams import PermanentError, TransientError
+from .turn_format import special_tokens
 
 if TYPE_CHECKING:
     from typing import Any
@@ -68,6 +69,7 @@ class InferenceJob:
         self.last_ok, self.stats = time.monotonic(), RunStats()
         self.lock = self.run_state = self.errors = self.progress = self.stop_signal = None
         self.client = self.server = self.writer = self.wake = self.blame = self.api_key = None
+        self.specials = ()  # the target tokenizer's special tokens (quality's template_leak), read as it starts
 
     async def run_one(self, gen: Generation, progress: StreamProgress) -> None:
         """Ask one generation (its attempts: ask()) and journal its response."""
@@ -101,6 +103,7 @@ class InferenceJob:
             return finish(self)
         self.client, self.server, self.api_key = connect(s)
         self.blame = Blame(Breaker(*s.breaker), rs, self.client.pool, s.paths.journal)
+        self.specials = special_tokens(s.tokenizer_path)
         loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         for sig in EXIT_SIGNAL:
@@ -122,7 +125,7 @@ class InferenceJob:
             if self.stop_signal is None:
                 await self.client.check_server(wait_s=s.startup_wait_s)
                 if self.server and s.canary is not None:  # no server before this job started it: asked here
-                    log.info(await s.canary.check(self.client.urls, self.api_key, s.special_tokens))
+                    log.info(await s.canary.check(self.client.urls, self.api_key, self.specials))
                 urls = self.client.urls
                 cap = f" ({s.endpoint_concurrency} per endpoint)" if s.endpoint_concurrency and len(urls) > 1 else ""
                 log.info(f"Server {', '.join(urls)} serves {s.model}; dispatching up to {s.concurrency} at once{cap}")
@@ -195,13 +198,12 @@ def record_response(job: InferenceJob, gen: Generation, lr: LaneRun, messages: l
         return
     job.last_ok = time.monotonic()
     rec = journal.response_record(gid, messages, res, lr.cell.identity, lr.cell.params, t0, attempts,
-                                  {**lr.where(), **chain.where(gen.k)}, job.s.reasoning_tags,
-                                  job.s.special_tokens)
+                                  {**lr.where(), **chain.where(gen.k)}, job.s.reasoning_tags, job.specials)
     job.writer.append(rec)
     tokens = int(res.usage.get("completion_tokens") or 0)
     fate = lr.cell.gate.fate(rec["flags"], tokens)
     job.stats.responded(tokens, res.usage, lr.cell.params.get("thinking_budget"))
-    response = Response(gen, lr, rec, tokens, fate)
+    response = Response.of(gen, lr, rec, tokens, fate)
     if job.blame.judge(response, res.endpoint):  # blamed on the server: counts nowhere, asked again
         return
     if gen.k < chain.n_turns:  # the next turn: a new request, at the head of its lane's queue

@@ -27,7 +27,7 @@ from .state import lanes_state, short_lanes
 from .status import compute_status
 from .streams import PermanentError, TransientError
 
-log = logging.getLogger("budgetgen.inference")
+log = logging.getLogger(__name__)
 
 EXIT_SIGNAL = {signal.SIGTERM: 143, signal.SIGINT: 130}
 Job = Any  # budgetgen.inference.InferenceJob

@@ -123,7 +123,7 @@ def observe(content: str | None, reasoning: str | None, finish_reason: str | Non
     """The facts (FACTS, in that order) of one response: its answer `content`, its separate `reasoning`
     (reasoning_content), its finish_reason, whether the server forced its reasoning's end; `tags`: the
     reasoning open and close tags (tokenizer.reasoning_tags; `<think>`/`</think>` by default);
-    `specials`: the target tokenizer's special tokens (settings.special_tokens; none: template_leak is
+    `specials`: the target tokenizer's special tokens (turn_format.special_tokens; none: template_leak is
     not looked for)."""
     open_tag, close_tag = tags or DEFAULT_TAGS
     content, reasoning = content or "", reasoning or ""
@@ -135,7 +135,7 @@ def observe(content: str | None, reasoning: str | None, finish_reason: str | Non
         facts.append(REPETITION)
     if replacement_chars(text, finish_reason == "length"):
         facts.append(REPLACEMENT)
-    if specials and leaked_token(text, tuple(s for s in specials if s not in (open_tag, close_tag))):
+    if specials and leaked_token(text, tuple(specials), (open_tag, close_tag)):
         facts.append(TEMPLATE_LEAK)
     if finish_reason == "length":
         facts.append(TRUNCATED)

@@ -87,7 +87,7 @@ class RowEncoder:
         self.max_length = operator.index(max_length)
         self.kwargs = dict(chat_template_kwargs or {})
         self.formats = {}  # kwargs json -> TurnFormat (the eot may depend on the template's switches)
-        self.compared, self.rerender_checked, self.rerender_differs = [], 0, 0  # see encode()
+        self.rerender_checked, self.rerender_differs = 0, 0  # see encode()
         self.backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         if self.backend is not None:
             # One call through the tokenizer sets the backend up as __call__ would (no truncation, no
@@ -118,10 +118,10 @@ class RowEncoder:
 
     def _server_ids(self, records):
         """The server's ids where the records have them: (results with the skips so far, prompt ids,
-        completion ids, the indices whose prompt is rendered here)."""
+        completion ids, the indices whose prompt is rendered here, those whose server prompt ids the
+        template's render is only compared with)."""
         n = len(records)
-        results, prompt_ids, completion_ids, need_prompt = [None] * n, [None] * n, [None] * n, []
-        self.compared = []  # indices whose server prompt ids the template's render is compared with
+        results, prompt_ids, completion_ids, need_prompt, compared = [None] * n, [None] * n, [None] * n, [], []
         for i, rec in enumerate(records):
             server = rec.get("completion_token_ids") if self.use_server_ids else None
             if server:
@@ -131,10 +131,10 @@ class RowEncoder:
                 completion_ids[i] = list(server)
                 if rec.get("prompt_token_ids"):
                     prompt_ids[i] = list(rec["prompt_token_ids"])
-                    self.compared.append(i)
+                    compared.append(i)
                     continue
             need_prompt.append(i)
-        return results, prompt_ids, completion_ids, need_prompt
+        return results, prompt_ids, completion_ids, need_prompt, compared
 
     def _compare(self, rendered: dict[int, str], prompt_ids: list) -> None:
         """The prompts rendered here of the records with the server's prompt ids, held against those ids."""
@@ -152,15 +152,15 @@ class RowEncoder:
         the chat template renders otherwise (what a trainer that re-renders the rows would get wrong).
         """
         n = len(records)
-        results, prompt_ids, completion_ids, need_prompt = self._server_ids(records)
+        results, prompt_ids, completion_ids, need_prompt, compared = self._server_ids(records)
         first_error = None
         # render the prompts, one group per chat_template_kwargs (each record's own)
         groups = {}
-        for i in need_prompt + self.compared:
+        for i in need_prompt + compared:
             kwargs = record_kwargs(records[i], self.kwargs)
             groups.setdefault(json.dumps(kwargs, sort_keys=True), (kwargs, []))[1].append(i)
         texts_of = {}  # index -> completion text to tokenize
-        prompt_text, compare_text, compared = {}, {}, set(self.compared)
+        prompt_text, compare_text, compared = {}, {}, set(compared)
         for kwargs, idx in groups.values():
             fmt = self.turn_format(kwargs)
             rendered, err = self.renderer.render([records[i]["messages"][:-1] for i in idx], True, kwargs)

@@ -34,7 +34,6 @@ from .mixture import DEFAULT_CELL, Cell, Mixture, merged_extra_body
 from .paths import DatasetPaths
 from .processes import stream_processes, usable_cpus
 from .quality import Gate
-from .turn_format import special_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -218,7 +217,7 @@ class InferenceSettings:
     earlier_prompts: tuple  # generation.dedup_across_datasets: the earlier datasets' prompts files
     forecast: object  # forecast.DumpShape of the target model, or None (storage forecast)
     reasoning_tags: tuple | None = None  # tokenizer.reasoning_tags: what quality.observe looks for
-    special_tokens: tuple = ()  # the target tokenizer's special tokens (quality's template_leak)
+    tokenizer_path: str = ""  # tokenizer.path: its special tokens are read by the job (quality's template_leak)
     breaker: tuple = (50, 0.5)  # quality.breaker (window, share): budgetgen.breaker
     min_keep_share: float = 0.0  # quality.min_keep_share: a run that keeps less fails
     canary: object = None  # canary.Canary of server.canary: the job asks it of a server it launches
@@ -258,7 +257,7 @@ class InferenceSettings:
             policy=settings_policy(config, dataset, mix), mixture=mix,
             earlier_prompts=earlier_prompts(config, dataset), forecast=dump_shape(config),
             reasoning_tags=reasoning_tags(config), thinking_processor=server.get("thinking_processor"),
-            special_tokens=special_tokens(config["tokenizer"]["path"]),
+            tokenizer_path=config["tokenizer"]["path"],
             breaker=(int(quality["breaker"]["window"]), float(quality["breaker"]["share"])),
             min_keep_share=float(quality["min_keep_share"]), canary=Canary.of(config),
         )
